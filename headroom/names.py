@@ -1,0 +1,69 @@
+"""Every name Headroom reads or writes on Kubernetes objects, in one place."""
+
+from typing import Final
+
+GROUP: Final = "headroom.dev"
+API_VERSION: Final = "headroom.dev/v1alpha1"
+
+# Resources advertised by the NVIDIA device plugin.
+GPU: Final = "nvidia.com/gpu"
+GPU_SHARED: Final = "nvidia.com/gpu.shared"
+MIG_PREFIX: Final = "nvidia.com/mig-"
+
+# Labels set by GPU Feature Discovery.
+LABEL_PRODUCT: Final = "nvidia.com/gpu.product"
+LABEL_MEMORY_MIB: Final = "nvidia.com/gpu.memory"
+LABEL_COUNT: Final = "nvidia.com/gpu.count"
+LABEL_REPLICAS: Final = "nvidia.com/gpu.replicas"
+LABEL_SHARING_STRATEGY: Final = "nvidia.com/gpu.sharing-strategy"
+LABEL_MIG_CAPABLE: Final = "nvidia.com/mig.capable"
+LABEL_MIG_STRATEGY: Final = "nvidia.com/mig.strategy"
+
+# Headroom's own labels and annotations.
+LABEL_POLICY: Final = "headroom.dev/policy"
+"""Namespace label naming the GPUSharingPolicy that applies to its pods."""
+LABEL_SKIP: Final = "headroom.dev/skip"
+"""Pod label; ``"true"`` opts the pod out of mutation."""
+ANNOTATION_GPU_MEMORY: Final = "headroom.dev/gpu-memory"
+"""User input: GPU memory each GPU container declares (per GPU)."""
+ANNOTATION_GPU_MEMORY_CONTAINER_PREFIX: Final = "headroom.dev/gpu-memory."
+"""User input: per-container override, ``headroom.dev/gpu-memory.<container>``."""
+
+# Written by the webhook, read by the extender and the agent's guard.
+ANNOTATION_POLICY: Final = "headroom.dev/policy"
+"""The policy that decided this pod."""
+ANNOTATION_MODE: Final = "headroom.dev/mode"
+"""``shared``, ``mig`` or ``exclusive``: what the webhook turned the request into."""
+ANNOTATION_DECLARED_MEMORY: Final = "headroom.dev/declared-memory"
+"""Bytes (as a quantity) the pod may hold on one GPU: the sum over its GPU
+containers, because the device plugin may give every replica the same GPU."""
+ANNOTATION_PLACEMENT: Final = "headroom.dev/placement"
+"""``binpack`` or ``spread``, from the policy, for the extender's prioritize."""
+ANNOTATION_MIG_PROFILE: Final = "headroom.dev/mig-profile"
+"""The MIG profile chosen for a ``mig`` pod."""
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+HEADROOM_SCHEDULER: Final = "headroom-scheduler"
+
+# Custom resources.
+POLICY_PLURAL: Final = "gpusharingpolicies"
+POLICY_KIND: Final = "GPUSharingPolicy"
+REPORT_PLURAL: Final = "gpunodereports"
+REPORT_KIND: Final = "GPUNodeReport"
+
+
+def mig_resource(profile: str) -> str:
+    """``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me`` (the device plugin's spelling)."""
+    return MIG_PREFIX + profile.replace("+", ".")
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name in (GPU, GPU_SHARED) or name.startswith(MIG_PREFIX)
+
+
+ANNOTATION_SIMULATED_USAGE: Final = "sim.headroom.dev/usage"
+"""Simulated backend only: a JSON usage pattern for the pod (steady, spiky, leak);
+the demo and the local cluster use it to make fake GPUs behave like seed 001."""
+
+EVENT_REASON_OVER_MEMORY: Final = "GPUMemoryOverDeclared"
+"""Event the agent's guard records on a pod using more GPU memory than it declared."""

@@ -1,0 +1,105 @@
+"""GPUNodeReport: what a node agent measured, as the extender reads it.
+
+One cluster-scoped object per node (name = node name), written only by that
+node's agent. The model is versioned (``schemaVersion``) and shared by both
+sides so that neither parses the other's strings.
+"""
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic.alias_generators import to_camel
+
+from headroom.names import API_VERSION, REPORT_KIND
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class PodUsage(_Model):
+    """GPU memory one pod's processes hold on one GPU (or MIG device)."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    containers: list[str] = Field(default_factory=list)
+    used_bytes: int = Field(ge=0)
+    starved_bytes: int | None = Field(default=None, ge=0)
+    """Simulated backend only: memory the pod asked for and the full GPU refused
+    (what real CUDA reports as out-of-memory). Absent from NVML reports."""
+
+
+class MigDeviceUsage(_Model):
+    uuid: str
+    profile: str = ""
+    total_bytes: int = Field(ge=0)
+    used_bytes: int = Field(ge=0)
+    pods: list[PodUsage] = Field(default_factory=list)
+
+
+class GPUUsage(_Model):
+    index: int = Field(ge=0)
+    uuid: str
+    product: str = ""
+    total_bytes: int = Field(ge=0)
+    used_bytes: int = Field(ge=0)
+    free_bytes: int = Field(ge=0)
+    mig_enabled: bool = False
+    mig_devices: list[MigDeviceUsage] = Field(default_factory=list)
+    pods: list[PodUsage] = Field(default_factory=list)
+    unattributed_bytes: int = Field(default=0, ge=0)
+    """Memory NVML sees in use that belongs to no pod the agent knows."""
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+
+
+class ReportStatus(_Model):
+    schema_version: int = SCHEMA_VERSION
+    node_name: str
+    backend: Literal["nvml", "simulated"]
+    observed_at: datetime
+    gpus: list[GPUUsage] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    heartbeat_seconds: int | None = Field(default=None, ge=1)
+    """The agent rewrites the report at least this often, changed or not; a
+    reader may call a report older than a few heartbeats stale."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def gpu_count(self) -> int:
+        """Written for ``kubectl get gpunodereports``; ignored when read back."""
+        return len(self.gpus)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def age_seconds(self, now: datetime | None = None) -> float:
+        return ((now or datetime.now(UTC)) - self.observed_at).total_seconds()
+
+
+CONDITION_NVML_AVAILABLE = "NVMLAvailable"
+
+
+def report_object(status: ReportStatus) -> dict[str, object]:
+    """The whole Kubernetes object the agent writes for its node."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": REPORT_KIND,
+        "metadata": {"name": status.node_name},
+        "status": status.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+
+
+def parse_report(obj: dict[str, object]) -> ReportStatus:
+    """The status of a GPUNodeReport object; raises pydantic.ValidationError."""
+    return ReportStatus.model_validate(obj.get("status") or {})

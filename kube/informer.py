@@ -1,0 +1,159 @@
+"""List-then-watch one kind of object into memory, as client-go's informers do.
+
+The official client is synchronous, so each informer reads its watch on a
+daemon thread and hands every event to the event loop; the cache is only
+touched on the loop, so readers need no locks. A ``410 Gone`` or a dropped
+watch re-lists, with capped exponential backoff between failures.
+"""
+
+import asyncio
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+Object = dict[str, Any]
+ListFunc = Callable[..., Any]
+Handler = Callable[[str, Object], None]
+"""Called on the event loop with ``ADDED``/``MODIFIED``/``DELETED`` and the object."""
+
+WATCH_WINDOW_SECONDS = 240
+BACKOFF_MAX_SECONDS = 30.0
+
+
+def object_key(obj: Object) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = str(meta.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
+class Informer:
+    """A cache of every object ``list_func`` returns, kept current by a watch.
+
+    ``list_func`` is a bound client method such as ``CoreV1Api.list_node`` or
+    ``functools.partial(CustomObjectsApi.list_cluster_custom_object, group, version, plural)``.
+    """
+
+    def __init__(
+        self,
+        list_func: ListFunc,
+        *,
+        name: str,
+        handler: Handler | None = None,
+        on_resync: Callable[[], None] | None = None,
+        **list_kwargs: Any,
+    ) -> None:
+        self.name = name
+        self.items: dict[str, Object] = {}
+        self.synced = asyncio.Event()
+        self._list = list_func
+        self._list_kwargs = list_kwargs
+        self._handler = handler
+        self._on_resync = on_resync
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.relists = 0
+
+    def start(self) -> None:
+        """Start the watch thread; ``synced`` is set after the first full list."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # --- the watch thread -------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                version = self._relist()
+                failures = 0
+                self._watch(version)
+            except Exception as err:  # any failure means: back off, then re-list
+                failures += 1
+                delay = min(BACKOFF_MAX_SECONDS, 0.5 * 2 ** min(failures, 6))
+                delay *= random.uniform(0.8, 1.2)
+                level = logging.INFO if _is_gone(err) else logging.WARNING
+                log.log(level, "%s: watch ended (%s); re-listing in %.1fs", self.name, err, delay)
+                self._stopping.wait(delay)
+
+    def _relist(self) -> str:
+        response = self._list(_preload_content=False, **self._list_kwargs)
+        body = json.loads(response.data)
+        objects = {object_key(o): o for o in body.get("items") or []}
+        self._post(self._replace, objects)
+        self.relists += 1
+        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _watch(self, version: str) -> None:
+        def list_raw(**kwargs: Any) -> Any:
+            # No docstring: the client then skips model deserialisation and
+            # hands us the raw JSON object, which is all the caches need.
+            return self._list(**kwargs)
+
+        stream = watch.Watch()
+        for event in stream.stream(
+            list_raw,
+            resource_version=version,
+            timeout_seconds=WATCH_WINDOW_SECONDS,
+            allow_watch_bookmarks=True,
+            _request_timeout=WATCH_WINDOW_SECONDS + 30,
+            **self._list_kwargs,
+        ):
+            if self._stopping.is_set():
+                stream.stop()
+                return
+            kind = event.get("type")
+            obj = event.get("raw_object") or event.get("object")
+            if kind == "ERROR":
+                code = obj.get("code") if isinstance(obj, dict) else None
+                raise ApiException(status=code or 500, reason=str(obj))
+            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                self._post(self._apply, kind, obj)
+        # The server closed the window: re-list to be safe about missed events.
+
+    def _post(self, func: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(func, *args)
+
+    # --- on the event loop --------------------------------------------------
+
+    def _replace(self, objects: dict[str, Object]) -> None:
+        gone = self.items.keys() - objects.keys()
+        for key in gone:
+            old = self.items.pop(key)
+            if self._handler:
+                self._handler("DELETED", old)
+        for key, obj in objects.items():
+            kind = "MODIFIED" if key in self.items else "ADDED"
+            self.items[key] = obj
+            if self._handler:
+                self._handler(kind, obj)
+        if self._on_resync:
+            self._on_resync()
+        self.synced.set()
+
+    def _apply(self, kind: str, obj: Object) -> None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            self.items.pop(key, None)
+        else:
+            self.items[key] = obj
+        if self._handler:
+            self._handler(kind, obj)
+
+
+def _is_gone(err: Exception) -> bool:
+    return isinstance(err, ApiException) and err.status == 410
