@@ -1,9 +1,10 @@
 """Kubernetes resource quantities (``10Gi``, ``512M``, ``1.5e9``) for memory.
 
-``kubernetes.utils.parse_quantity`` is the reference, but importing it loads
-the whole API client, which the core must not do. This is the same grammar
-(apimachinery's ``resource.Quantity``), and a property test checks it agrees
-with the library on every input.
+``kubernetes.utils.parse_quantity`` would do, but importing it loads the whole
+API client, which the core must not do. This is apimachinery's grammar
+(``resource.Quantity``), which is stricter than the Python client (it accepts
+``1K``, ``1_000``, ``NaN``): a property test checks the two agree on every valid
+quantity, and that whatever this accepts the client reads the same way.
 """
 
 import re

@@ -1,0 +1,166 @@
+"""The one admission decision: a pod and its namespace's policy in, a patch out.
+
+Used by the webhook, by ``headroom explain`` and by the tests, so that all
+three run the same code. Pure: no I/O, no clocks.
+
+The decision builds the pod it wants as a copy, then diffs the two
+(:mod:`headroom.patch`). Every rule reads what is already there before it
+writes, so the decision applied to its own output yields no operations --
+``reinvocationPolicy: IfNeeded`` depends on that.
+
+Declared memory, recorded in ``headroom.dev/declared-memory``, is what the pod
+may hold on one GPU in the worst case, where the device plugin hands every
+container the same GPU: the sum over the app containers (and sidecar init
+containers) that got a shared or MIG GPU, or the largest plain init
+container's, whichever is more -- the rule Kubernetes uses for effective
+requests. Containers kept on whole GPUs declare nothing.
+"""
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from headroom import names
+from headroom.mig import MigOffer
+from headroom.patch import diff
+from headroom.podspec import PodError, json_type, mapping, string_map
+from headroom.policy import GPUSharingPolicy
+from headroom.rewrite import Denied, InvalidMemory, Rewrite
+
+Outcome = Literal["mutated", "unchanged", "skipped", "denied", "dry-run", "no-policy"]
+
+WARNING_LIMIT = 119
+"""``kubectl`` prints each warning on its own line; keep them under 120 characters."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    outcome: Outcome
+    message: str = ""
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    """RFC 6902 operations against the pod as it came in."""
+    warnings: list[str] = field(default_factory=list)
+    """Short lines for ``kubectl`` (each under 120 characters, ASCII)."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """The ``headroom.dev/*`` annotations the decision records on the pod."""
+    policy: str | None = None
+    """Name of the policy that applied, if any (for metrics and logs)."""
+
+
+def decide(
+    pod: Mapping[str, Any],
+    *,
+    namespace: str,
+    namespace_labels: Mapping[str, str],
+    policies: Mapping[str, GPUSharingPolicy],
+    operation: str = "CREATE",
+    offered_mig: MigOffer | None = None,
+) -> Decision:
+    """Decide what to do with ``pod`` (a plain dict as the apiserver sends it)."""
+    if operation != "CREATE":
+        return Decision(True, "skipped", f"{ascii_line(operation)} is not mutated")
+    policy_name = namespace_labels.get(names.LABEL_POLICY)
+    if not policy_name or not isinstance(policy_name, str):
+        return Decision(True, "skipped", "namespace has no headroom.dev/policy label")
+    if not isinstance(pod, Mapping):
+        return Decision(False, "denied", f"object: expected a Pod, got {json_type(pod)}")
+    try:
+        return _decide(dict(pod), namespace, policy_name, policies, offered_mig)
+    except PodError as err:
+        return Decision(False, "denied", ascii_line(str(err), 400), policy=policy_name)
+    except RecursionError:
+        # Only a hostile object nests this deep; the apiserver's decoder stops far sooner.
+        return Decision(False, "denied", "object: nested too deeply", policy=policy_name)
+
+
+def _decide(
+    pod: dict[str, Any],
+    namespace: str,
+    policy_name: str,
+    policies: Mapping[str, GPUSharingPolicy],
+    offered_mig: MigOffer | None,
+) -> Decision:
+    metadata = mapping(pod, "metadata", "metadata")
+    if string_map(metadata, "labels", "metadata.labels").get(names.LABEL_SKIP) == "true":
+        return Decision(True, "skipped", f"pod is labelled {names.LABEL_SKIP}=true")
+    rewrite = Rewrite(copy.deepcopy(pod), offered_mig)
+    if not rewrite.requests:
+        return Decision(True, "skipped", "pod asks for no GPU")
+    policy = policies.get(policy_name)
+    if policy is None:
+        warning = (
+            f"headroom: namespace {namespace} names GPUSharingPolicy {policy_name}, "
+            "which does not exist; pod not changed"
+        )
+        return Decision(
+            True,
+            "no-policy",
+            "policy not found",
+            warnings=[ascii_line(warning)],
+            policy=policy_name,
+        )
+    if policy.spec.mode == "passthrough":
+        return Decision(True, "unchanged", "policy mode is passthrough", policy=policy_name)
+    dry_run = policy.spec.dry_run
+    try:
+        rewrite.apply(policy)
+    except InvalidMemory as err:
+        if policy.spec.invalid_memory != "warn":
+            return _refuse(str(err), policy_name, dry_run)
+        warning = f"headroom: {err}; pod not changed (invalidMemory: warn)"
+        return Decision(True, "unchanged", str(err), warnings=_lines([warning]), policy=policy_name)
+    except Denied as err:
+        return _refuse(str(err), policy_name, dry_run)
+    patch = diff(pod, rewrite.pod)
+    notes = [f"headroom: {note}" for note in rewrite.notes]
+    if not patch:
+        return Decision(
+            True,
+            "unchanged",
+            "nothing to change",
+            warnings=_lines(notes),
+            annotations=rewrite.annotations,
+            policy=policy_name,
+        )
+    summary = f"GPUSharingPolicy {policy_name}: mode {rewrite.annotations[names.ANNOTATION_MODE]}"
+    if names.ANNOTATION_DECLARED_MEMORY in rewrite.annotations:
+        summary += f", {rewrite.annotations[names.ANNOTATION_DECLARED_MEMORY]} GPU memory declared"
+    changes = [summary, *rewrite.changes]
+    if dry_run:
+        lines = [f"headroom dry-run: would apply: {change}" for change in changes]
+        return Decision(
+            True,
+            "dry-run",
+            f"dry run: {len(patch)} operations not applied",
+            warnings=_lines(lines + notes),
+            annotations=rewrite.annotations,
+            policy=policy_name,
+        )
+    return Decision(
+        True,
+        "mutated",
+        f"rewritten by GPUSharingPolicy {policy_name}",
+        patch=patch,
+        warnings=_lines([f"headroom: {change}" for change in changes] + notes),
+        annotations=rewrite.annotations,
+        policy=policy_name,
+    )
+
+
+def _refuse(message: str, policy_name: str, dry_run: bool) -> Decision:
+    if dry_run:
+        warning = f"headroom dry-run: would deny: {message}"
+        return Decision(True, "dry-run", message, warnings=_lines([warning]), policy=policy_name)
+    return Decision(False, "denied", ascii_line(message, 400), policy=policy_name)
+
+
+def _lines(texts: list[str]) -> list[str]:
+    return [ascii_line(text) for text in texts]
+
+
+def ascii_line(text: str, limit: int = WARNING_LIMIT) -> str:
+    """One printable ASCII line of at most ``limit`` characters."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."

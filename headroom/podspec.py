@@ -1,0 +1,159 @@
+"""Reading a pod the apiserver (or a user's YAML, or a fuzzer) sent, defensively.
+
+A pod is a plain JSON dict here. Anything on the path to a GPU request that is
+not the shape Kubernetes defines raises :class:`PodError` naming the field, so
+the caller can deny the pod with that message instead of crashing.
+"""
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headroom.names import is_gpu_resource
+from headroom.quantity import QuantityError, parse_quantity
+
+ContainerList = Literal["initContainers", "containers"]
+CONTAINER_LISTS: tuple[ContainerList, ...] = ("initContainers", "containers")
+
+
+class PodError(ValueError):
+    """The pod is not shaped like a Pod; the message starts with the field's path."""
+
+
+def json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return "string" if isinstance(value, str) else type(value).__name__
+
+
+def mapping(parent: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    """``parent[key]`` as an object; absent or null reads as empty."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PodError(f"{where}: expected an object, got {json_type(value)}")
+    return value
+
+
+def sequence(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PodError(f"{where}: expected an array, got {json_type(value)}")
+    return value
+
+
+def string_map(parent: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    """Labels, annotations, nodeSelector: an object of strings."""
+    value = mapping(parent, key, where)
+    for name, item in value.items():
+        if not isinstance(item, str):
+            raise PodError(f"{where}[{name}]: expected a string, got {json_type(item)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Container:
+    """One entry of ``spec.containers`` or ``spec.initContainers``, checked."""
+
+    kind: ContainerList
+    index: int
+    body: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"spec.{self.kind}[{self.index}]"
+
+    @property
+    def name(self) -> str:
+        name = self.body.get("name")
+        return name if isinstance(name, str) else ""
+
+    @property
+    def sidecar(self) -> bool:
+        """An init container with ``restartPolicy: Always`` runs beside the app."""
+        return self.kind == "initContainers" and self.body.get("restartPolicy") == "Always"
+
+
+@dataclass(frozen=True)
+class GPURequest:
+    """A container's one GPU resource and how many it asks for."""
+
+    container: Container
+    resource: str
+    count: int
+    in_requests: bool
+    """Whether ``resources.requests`` names it too (it must then equal the limit)."""
+
+
+def containers(pod: Mapping[str, Any]) -> Iterator[Container]:
+    spec = mapping(pod, "spec", "spec")
+    for kind in CONTAINER_LISTS:
+        for index, body in enumerate(sequence(spec, kind, f"spec.{kind}")):
+            if not isinstance(body, dict):
+                raise PodError(f"spec.{kind}[{index}]: expected an object, got {json_type(body)}")
+            yield Container(kind, index, body)
+
+
+def gpu_requests(pod: Mapping[str, Any]) -> list[GPURequest]:
+    """Every container's GPU request, in pod order (init containers first)."""
+    found = []
+    for container in containers(pod):
+        request = _gpu_request(container)
+        if request is not None:
+            found.append(request)
+    return found
+
+
+def _gpu_request(container: Container) -> GPURequest | None:
+    where = f"{container.where}.resources"
+    resources = mapping(container.body, "resources", where)
+    limits = mapping(resources, "limits", f"{where}.limits")
+    requests = mapping(resources, "requests", f"{where}.requests")
+    names = sorted({key for key in (*limits, *requests) if is_gpu_resource(key)})
+    counted = {name: _count(limits, requests, name, where) for name in names}
+    wanted = {name: count for name, count in counted.items() if count > 0}
+    if not wanted:
+        return None
+    if len(wanted) > 1:
+        raise PodError(f"{where}: asks for more than one GPU resource: {', '.join(wanted)}")
+    ((resource, count),) = wanted.items()
+    return GPURequest(container, resource, count, in_requests=resource in requests)
+
+
+def _count(limits: dict[str, Any], requests: dict[str, Any], name: str, where: str) -> int:
+    if name not in limits:
+        raise PodError(f"{where}.limits: {name} is requested but has no limit")
+    limit = _whole(limits[name], f"{where}.limits[{name}]")
+    if name in requests and _whole(requests[name], f"{where}.requests[{name}]") != limit:
+        raise PodError(f"{where}: requests and limits of {name} differ")
+    return limit
+
+
+def _whole(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise PodError(f"{where}: expected a whole number, got {json_type(value)}")
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as err:
+        raise PodError(f"{where}: {shown(value)} is not a quantity") from err
+    if amount < 0 or amount != amount.to_integral_value():
+        raise PodError(f"{where}: {shown(value)} is not a whole, non-negative number")
+    return int(amount)
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A user's value quoted for a message: JSON-escaped, ASCII, cut short."""
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= limit else text[: limit - 4] + '..."'

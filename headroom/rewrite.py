@@ -1,0 +1,331 @@
+"""The rewrite rules, applied in place to a copy of the pod.
+
+:func:`headroom.mutation.decide` owns the outcome (allow, deny, dry run, the
+patch); this module owns what a policy does to each part of the pod. Every
+rule looks before it writes, so running it on its own output changes nothing.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headroom import names
+from headroom.mig import MigOffer, choose_profile, profile_from_resource
+from headroom.podspec import (
+    Container,
+    GPURequest,
+    PodError,
+    containers,
+    gpu_requests,
+    json_type,
+    mapping,
+    sequence,
+    shown,
+    string_map,
+)
+from headroom.policy import GPUSharingPolicy, GPUSharingPolicySpec
+from headroom.quantity import GIB, MIB, QuantityError, format_bytes, parse_bytes
+
+Kind = Literal["shared", "mig", "exclusive"]
+
+
+class Denied(Exception):
+    """The policy refuses the pod; the message says which field and why."""
+
+
+class InvalidMemory(Denied):
+    """A ``headroom.dev/gpu-memory*`` annotation is not a usable quantity."""
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where one container's GPU request ends up."""
+
+    request: GPURequest
+    resource: str
+    kind: Kind
+    memory: int | None = None
+    """Declared bytes per GPU (shared and MIG containers only)."""
+
+    @property
+    def label(self) -> str:
+        return f"container {shown(self.request.container.name, 60)}"
+
+
+class Declarations:
+    """The memory each container declares, from annotations or the policy default."""
+
+    def __init__(self, annotations: Mapping[str, str], spec: GPUSharingPolicySpec, policy: str):
+        self.spec = spec
+        self.policy = policy
+        self.pod_level: int | None = None
+        self.per_container: dict[str, int] = {}
+        # Every memory annotation is checked, used or not: a typo is never ignored.
+        for key, value in annotations.items():
+            if key == names.ANNOTATION_GPU_MEMORY:
+                self.pod_level = _memory(key, value)
+            elif key.startswith(names.ANNOTATION_GPU_MEMORY_CONTAINER_PREFIX):
+                container = key[len(names.ANNOTATION_GPU_MEMORY_CONTAINER_PREFIX) :]
+                self.per_container[container] = _memory(key, value)
+
+    def of(self, placed_label: str, container: Container) -> int:
+        declared = self.per_container.get(container.name, self.pod_level)
+        if declared is None:
+            declared = self.spec.default_memory_bytes
+        if declared is None:
+            raise Denied(
+                f"{placed_label} declares no GPU memory: set annotation "
+                f"{names.ANNOTATION_GPU_MEMORY} (policy {self.policy} has no defaultMemory)"
+            )
+        limit = self.spec.max_memory_bytes
+        if limit is not None and declared > limit:
+            raise Denied(
+                f"{placed_label} declares {format_bytes(declared)} of GPU memory, above "
+                f"maxMemory {self.spec.max_memory} of policy {self.policy}"
+            )
+        return declared
+
+
+def _memory(key: str, value: str) -> int:
+    try:
+        amount = parse_bytes(value)
+    except QuantityError as err:
+        reason = str(err)
+        problem = (
+            "must be above 0"
+            if "negative" in reason
+            else "is out of range"
+            if "range" in reason
+            else "is not a quantity (e.g. 10Gi)"
+        )
+        raise InvalidMemory(f"annotation {key}={shown(value)} {problem}") from err
+    if amount <= 0:
+        raise InvalidMemory(f"annotation {key}={shown(value)} must be above 0")
+    return amount
+
+
+class Rewrite:
+    """One pod being rewritten; ``changes`` and ``notes`` become the warnings."""
+
+    def __init__(self, pod: dict[str, Any], offer: MigOffer | None) -> None:
+        self.pod = pod
+        self.offer = offer
+        self.requests = gpu_requests(pod)
+        self.changes: list[str] = []
+        """What was rewritten (shown as such, or as "would" in a dry run)."""
+        self.notes: list[str] = []
+        """What was deliberately left alone, and why."""
+        self.annotations: dict[str, str] = {}
+
+    def apply(self, policy: GPUSharingPolicy) -> None:
+        spec = policy.spec
+        metadata = mapping(self.pod, "metadata", "metadata")
+        annotations = string_map(metadata, "annotations", "metadata.annotations")
+        declared = Declarations(annotations, spec, policy.name)
+        known = {container.name for container in containers(self.pod)}
+        for name in sorted(set(declared.per_container) - known):
+            self.notes.append(f"annotation {names.ANNOTATION_GPU_MEMORY}.{name} names no container")
+        placed = [self._place(request, policy, declared) for request in self.requests]
+        for item in placed:
+            self._set_resource(item)
+        if spec.mode == "exclusive" or any(item.kind != "exclusive" for item in placed):
+            self._schedule(policy)
+        if spec.env_hints:
+            for item in placed:
+                if item.kind == "shared" and item.memory is not None:
+                    self._env_hints(item, spec)
+        self._annotate(placed, policy)
+
+    def _place(
+        self, request: GPURequest, policy: GPUSharingPolicy, declared: Declarations
+    ) -> Placed:
+        spec, resource, count = policy.spec, request.resource, request.count
+        label = f"container {shown(request.container.name, 60)}"
+        if resource == names.GPU_SHARED:
+            return Placed(request, resource, "shared", declared.of(label, request.container))
+        if resource != names.GPU:
+            profile = profile_from_resource(resource) or resource[len(names.MIG_PREFIX) :]
+            allowed = spec.mig.allowed_profiles
+            if spec.mode == "mig" and allowed and profile not in allowed:
+                raise Denied(
+                    f"{label} asks for {resource}; policy {policy.name} allows "
+                    f"only {', '.join(allowed)}"
+                )
+            return Placed(request, resource, "mig", declared.of(label, request.container))
+        if spec.mode == "mig":
+            memory = declared.of(label, request.container)
+            choice = choose_profile(
+                memory,
+                allowed=spec.mig.allowed_profiles,
+                fallback=spec.mig.fallback,
+                offer=self.offer,
+            )
+            if choice.profile is None:
+                raise Denied(
+                    f"{label} declares {format_bytes(memory)} of GPU memory: {choice.reason}"
+                )
+            if choice.reason:
+                self.notes.append(f"{label}: {choice.reason}")
+            return Placed(request, names.mig_resource(choice.profile), "mig", memory)
+        if spec.mode == "shared" and count == 1:
+            return Placed(
+                request, names.GPU_SHARED, "shared", declared.of(label, request.container)
+            )
+        if spec.mode == "shared" and spec.multi_gpu == "deny":
+            raise Denied(
+                f"{label} asks for {names.GPU}: {count}; policy {policy.name} shares one GPU "
+                "per container (multiGPU: deny)"
+            )
+        if spec.mode == "shared":
+            self.notes.append(
+                f"{label} keeps {count} whole GPUs ({names.GPU}): shared requests above 1 "
+                "fail on the node"
+            )
+        return Placed(request, resource, "exclusive")
+
+    def _set_resource(self, item: Placed) -> None:
+        old, new, count = item.request.resource, item.resource, item.request.count
+        if old == new:
+            return
+        resources = item.request.container.body["resources"]
+        # Requests and limits are rewritten together: for extended resources they must be equal.
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            if isinstance(values, dict) and old in values:
+                del values[old]
+                values[new] = str(count)
+        extra = (
+            f" ({format_bytes(item.memory)} declared)" if item.kind == "mig" and item.memory else ""
+        )
+        self.changes.append(f"{item.label}: {old}: {count} -> {new}: {count}{extra}")
+
+    def _schedule(self, policy: GPUSharingPolicy) -> None:
+        spec, pod_spec = policy.spec, self.pod["spec"]
+        tolerations = list(sequence(pod_spec, "tolerations", "spec.tolerations"))
+        for index, toleration in enumerate(tolerations):
+            if not isinstance(toleration, dict):
+                raise PodError(
+                    f"spec.tolerations[{index}]: expected an object, got {json_type(toleration)}"
+                )
+        added = False
+        for wanted in spec.tolerations:
+            body = wanted.as_pod_toleration()
+            if not any(_same_toleration(body, have) for have in tolerations):
+                tolerations.append(body)
+                added = True
+                self.changes.append(f"added toleration {_toleration_text(body)}")
+        if added:
+            pod_spec["tolerations"] = tolerations
+        self._node_selector(policy, pod_spec)
+        current = pod_spec.get("schedulerName")
+        if current is not None and not isinstance(current, str):
+            raise PodError(f"spec.schedulerName: expected a string, got {json_type(current)}")
+        if current in (None, "", names.DEFAULT_SCHEDULER):
+            if spec.scheduler_name != (current or names.DEFAULT_SCHEDULER):
+                pod_spec["schedulerName"] = spec.scheduler_name
+                self.changes.append(f"schedulerName set to {spec.scheduler_name}")
+        elif current != spec.scheduler_name:
+            self.notes.append(
+                f"kept schedulerName {current}; policy {policy.name} uses {spec.scheduler_name}"
+            )
+
+    def _node_selector(self, policy: GPUSharingPolicy, pod_spec: dict[str, Any]) -> None:
+        selector = dict(string_map(pod_spec, "nodeSelector", "spec.nodeSelector"))
+        changed = False
+        for key, value in policy.spec.node_selector.items():
+            have = selector.get(key)
+            if have is None:
+                selector[key] = value
+                changed = True
+                self.changes.append(f"added nodeSelector {key}={value}")
+            elif have != value and policy.spec.node_selector_conflict == "deny":
+                raise Denied(
+                    f"spec.nodeSelector {key}={shown(have)} conflicts with policy {policy.name}, "
+                    f"which sets {key}={value} (nodeSelectorConflict: deny)"
+                )
+            elif have != value:
+                self.notes.append(
+                    f"kept nodeSelector {key}={shown(have)}; policy {policy.name} wants {value}"
+                )
+        if changed:
+            pod_spec["nodeSelector"] = selector
+
+    def _env_hints(self, item: Placed, spec: GPUSharingPolicySpec) -> None:
+        body = item.request.container.body
+        where = f"{item.request.container.where}.env"
+        env = sequence(body, "env", where)
+        present = set()
+        for index, entry in enumerate(env):
+            if not isinstance(entry, dict):
+                raise PodError(f"{where}[{index}]: expected an object, got {json_type(entry)}")
+            present.add(entry.get("name"))
+        hints = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+        if spec.sharing == "mps" and item.memory is not None:
+            hints["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_limit(item.memory)}"
+        new = [
+            {"name": name, "value": value} for name, value in hints.items() if name not in present
+        ]
+        if new:
+            body["env"] = [*env, *new]
+            text = ", ".join(f"{entry['name']}={entry['value']}" for entry in new)
+            self.changes.append(f"{item.label}: env {text} added")
+
+    def _annotate(self, placed: list[Placed], policy: GPUSharingPolicy) -> None:
+        kinds = {item.kind for item in placed}
+        mode = "mig" if "mig" in kinds else "shared" if "shared" in kinds else "exclusive"
+        wanted = {
+            names.ANNOTATION_POLICY: policy.name,
+            names.ANNOTATION_MODE: mode,
+            names.ANNOTATION_PLACEMENT: policy.spec.placement,
+        }
+        together = [p.memory for p in placed if p.memory and _runs_with_app(p.request.container)]
+        before = [p.memory for p in placed if p.memory and not _runs_with_app(p.request.container)]
+        if together or before:
+            total = max(sum(together), max(before, default=0))
+            wanted[names.ANNOTATION_DECLARED_MEMORY] = format_bytes(total)
+        profiles = [_profile(p.resource) for p in placed if p.kind == "mig"]
+        if profiles:
+            wanted[names.ANNOTATION_MIG_PROFILE] = ",".join(dict.fromkeys(profiles))
+        metadata = self.pod.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = self.pod["metadata"] = {}
+        annotations = metadata.get("annotations")
+        if not isinstance(annotations, dict):
+            annotations = metadata["annotations"] = {}
+        annotations.update(wanted)
+        self.annotations = wanted
+
+
+def _runs_with_app(container: Container) -> bool:
+    return container.kind == "containers" or container.sidecar
+
+
+def _profile(resource: str) -> str:
+    return profile_from_resource(resource) or resource[len(names.MIG_PREFIX) :]
+
+
+def mps_limit(memory: int) -> str:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``'s value: whole GiB as ``G``, else MiB as ``M``."""
+    if memory % GIB == 0:
+        return f"{memory // GIB}G"
+    return f"{-(-memory // MIB)}M"
+
+
+_TOLERATION_DEFAULTS = {"key": "", "operator": "Equal", "value": "", "effect": ""}
+
+
+def _same_toleration(left: Mapping[str, Any], right: Mapping[str, Any]) -> bool:
+    def norm(toleration: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            **_TOLERATION_DEFAULTS,
+            **{k: v for k, v in toleration.items() if v is not None},
+        }
+
+    return norm(left) == norm(right)
+
+
+def _toleration_text(toleration: Mapping[str, Any]) -> str:
+    key = toleration.get("key") or "*"
+    value = f"={toleration['value']}" if toleration.get("value") else ""
+    effect = f":{toleration['effect']}" if toleration.get("effect") else ""
+    return f"{key}{value}{effect}"

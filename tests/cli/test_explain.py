@@ -1,0 +1,194 @@
+"""``headroom explain``: the webhook's decision, offline, for people and scripts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PODS = ROOT / "tests/data/pods"
+POLICIES = ROOT / "manifests/base/policies"
+SHARED = str(POLICIES / "gpu-shared.yaml")
+
+
+def explain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["explain", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_is_one_object_with_the_mutated_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = explain(
+        capsys, "-f", str(PODS / "tensorflow-deployment.yaml"), "--policy", SHARED, "-o", "json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) == {"allowed", "message", "warnings", "patch", "pod"}
+    assert result["allowed"] is True
+    assert result["pod"]["metadata"]["generateName"] == "tensorflow-gpu-"
+    limits = result["pod"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu.shared": "1"}
+    assert any(op["path"].endswith("nvidia.com~1gpu.shared") for op in result["patch"])
+
+
+def test_text_output_reads_like_a_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = explain(
+        capsys,
+        "-f",
+        str(PODS / "dcgmproftester-deployment.yaml"),
+        "--namespace",
+        "ml",
+        "--namespace-labels",
+        "headroom.dev/policy=gpu-shared,team=a",
+        "--policy",
+        SHARED,
+    )
+    assert code == 0
+    assert "Pod:       pod template of Deployment nvidia-plugin-test, namespace ml" in out
+    assert "Decision:  allowed (mutated)" in out
+    assert (
+        'headroom: container "dcgmproftester12": nvidia.com/gpu: 1 -> nvidia.com/gpu.shared: 1'
+        in out
+    )
+    assert "remove   /spec/containers/0/resources/limits/nvidia.com~1gpu" in out
+    mutated = yaml.safe_load(out.split("Mutated pod:\n---\n", 1)[1])
+    assert mutated["metadata"]["annotations"]["headroom.dev/declared-memory"] == "4Gi"
+
+
+def test_denied_pods_exit_1_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = explain(
+        capsys,
+        "-f",
+        str(PODS / "dcgmproftester-2gpu-deployment.yaml"),
+        "--policy",
+        str(POLICIES / "gpu-mps.yaml"),
+        "-o",
+        "json",
+    )
+    assert code == 1
+    result = json.loads(out)
+    assert result["allowed"] is False
+    assert "multiGPU: deny" in result["message"]
+    assert result["patch"] == []
+
+
+def test_several_policy_files_and_the_namespace_label_picks_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["-f", str(PODS / "mps-pod.yaml"), "-o", "json"]
+    for path in sorted(POLICIES.glob("*.yaml")):
+        args += ["--policy", str(path)]
+    code, out, _ = explain(capsys, *args, "--namespace-labels", "headroom.dev/policy=gpu-mig")
+    assert code == 0
+    limits = json.loads(out)["pod"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.5gb": "1"}
+
+
+def test_without_a_policy_label_and_several_policies_nothing_happens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    both = ["--policy", SHARED, "--policy", str(POLICIES / "gpu-mig.yaml")]
+    code, out, _ = explain(capsys, "-f", str(PODS / "cuda-vectoradd.yaml"), *both)
+    assert code == 0
+    assert "No patch" in out
+    assert "namespace has no headroom.dev/policy label" in out
+
+
+def test_nodes_file_gives_the_mig_offer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(
+        "kind: NodeList\napiVersion: v1\nitems:\n"
+        "- metadata: {name: a100}\n  status: {capacity: {nvidia.com/mig-3g.20gb: '2'}}\n"
+    )
+    code, out, _ = explain(
+        capsys,
+        "-f",
+        str(PODS / "cuda-vectoradd.yaml"),
+        "--policy",
+        str(POLICIES / "gpu-mig.yaml"),
+        "--nodes",
+        str(nodes),
+        "-o",
+        "json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["pod"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/mig-3g.20gb": "1"
+    }
+    assert any("using larger 3g.20gb" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        (None, "no such file"),
+        ("kind: Service\nmetadata: {name: s}\n", "kind 'Service' has no pod to explain"),
+        ("kind: Pod\nspec: [", "not valid YAML"),
+        ("kind: Deployment\nmetadata: {name: d}\nspec: {}\n", "no pod template at .spec.template"),
+        ("", "expected one Kubernetes object, found 0"),
+    ],
+)
+def test_unusable_input_exits_2_and_says_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, manifest: str | None, message: str
+) -> None:
+    path = tmp_path / "in.yaml"
+    if manifest is not None:
+        path.write_text(manifest)
+    code, out, err = explain(capsys, "-f", str(path), "--policy", SHARED)
+    assert code == 2
+    assert out == ""
+    assert message in err
+
+
+def test_a_bad_policy_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "apiVersion: headroom.dev/v1alpha1\nkind: GPUSharingPolicy\n"
+        "metadata: {name: p}\nspec: {mode: x}\n"
+    )
+    code, _, err = explain(capsys, "-f", str(PODS / "mps-pod.yaml"), "--policy", str(policy))
+    assert code == 2
+    assert "spec.mode" in err
+
+
+def test_bad_namespace_labels_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = explain(
+        capsys,
+        "-f",
+        str(PODS / "mps-pod.yaml"),
+        "--policy",
+        SHARED,
+        "--namespace-labels",
+        "novalue",
+    )
+    assert code == 2
+    assert "'novalue' is not KEY=VALUE" in err
+
+
+def test_the_installed_console_script() -> None:
+    script = Path(sys.executable).parent / "headroom"
+    done = subprocess.run(
+        [
+            str(script),
+            "explain",
+            "-f",
+            str(PODS / "mig-3g20gb-pod.yaml"),
+            "--policy",
+            SHARED,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["pod"]["metadata"]["annotations"]["headroom.dev/mode"] == "mig"

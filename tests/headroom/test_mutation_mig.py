@@ -1,0 +1,138 @@
+"""Rule 4: MIG mode sizes a slice by declared memory."""
+
+from typing import Any
+
+import pytest
+
+from headroom.mig import MigOffer
+from tests.headroom.pods import container, gpu_pod, load_pod, make_policy, patched, run
+
+A100_40GB = ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
+
+
+def mig_policy(**extra: Any) -> Any:
+    spec: dict[str, Any] = {
+        "mode": "mig",
+        "defaultMemory": "4Gi",
+        "mig": {"allowedProfiles": A100_40GB},
+    }
+    spec.update(extra)
+    return make_policy("gpu-mig", **spec)
+
+
+def node(**capacity: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n", "labels": {}},
+        "status": {
+            "capacity": {f"nvidia.com/mig-{k.replace('_', '.')}": v for k, v in capacity.items()}
+        },
+    }
+
+
+def declaring(memory: str) -> dict[str, Any]:
+    return gpu_pod({"nvidia.com/gpu": "1"}, annotations={"headroom.dev/gpu-memory": memory})
+
+
+@pytest.mark.parametrize(
+    ("memory", "profile"),
+    [
+        ("4Gi", "1g.5gb"),
+        ("4864Mi", "1g.5gb"),
+        ("5Gi", "2g.10gb"),
+        ("10Gi", "3g.20gb"),
+        ("39Gi", "7g.40gb"),
+    ],
+)
+def test_rule4_smallest_allowed_profile_that_holds_the_declared_memory(
+    memory: str, profile: str
+) -> None:
+    pod = declaring(memory)
+    decision = run(pod, mig_policy())
+    result = patched(pod, decision)
+    assert container(result)["resources"]["limits"] == {f"nvidia.com/mig-{profile}": "1"}
+    assert result["metadata"]["annotations"]["headroom.dev/mig-profile"] == profile
+    assert result["metadata"]["annotations"]["headroom.dev/mode"] == "mig"
+    assert result["metadata"]["annotations"]["headroom.dev/declared-memory"] == memory
+
+
+def test_rule4_nothing_fits_denies_naming_declared_memory_and_largest_profile() -> None:
+    decision = run(declaring("48Gi"), mig_policy(maxMemory="80Gi"))
+    assert not decision.allowed
+    assert "declares 48Gi" in decision.message
+    assert "largest: 7g.40gb, 40192Mi" in decision.message
+
+
+def test_rule4_prefers_profiles_the_cluster_advertises() -> None:
+    offer = MigOffer.from_nodes([node(**{"3g_20gb": "2", "7g_40gb": "1"})])
+    pod = declaring("4Gi")
+    decision = run(pod, mig_policy(), offer=offer)
+    assert container(patched(pod, decision))["resources"]["limits"] == {
+        "nvidia.com/mig-3g.20gb": "1"
+    }
+    assert any("no node offers 1g.5gb; using larger 3g.20gb" in w for w in decision.warnings)
+
+
+def test_rule4_fallback_deny_refuses_when_the_best_fit_is_not_offered() -> None:
+    offer = MigOffer.from_nodes([node(**{"3g_20gb": "2"})])
+    decision = run(
+        declaring("4Gi"),
+        mig_policy(mig={"allowedProfiles": A100_40GB, "fallback": "deny"}),
+        offer=offer,
+    )
+    assert not decision.allowed
+    assert "no node offers nvidia.com/mig-1g.5gb" in decision.message
+
+
+def test_rule4_advertised_memory_beats_the_table() -> None:
+    # A node whose 1g.5gb slices report 5120 MiB: a 5Gi pod fits there.
+    offer = MigOffer.from_nodes(
+        [
+            {
+                "metadata": {"labels": {"nvidia.com/mig-1g.5gb.memory": "5120"}},
+                "status": {"capacity": {"nvidia.com/mig-1g.5gb": "7"}},
+            }
+        ]
+    )
+    pod = declaring("5Gi")
+    result = patched(pod, run(pod, mig_policy(), offer=offer))
+    assert container(result)["resources"]["limits"] == {"nvidia.com/mig-1g.5gb": "1"}
+
+
+def test_rule4_each_container_gets_its_own_slice_and_requests_follow() -> None:
+    pod = load_pod("multi-container")  # trainer declares 10Gi, server 6Gi
+    result = patched(pod, run(pod, mig_policy()))
+    trainer, server, _ = result["spec"]["containers"]
+    assert trainer["resources"]["limits"]["nvidia.com/mig-3g.20gb"] == "1"
+    assert trainer["resources"]["requests"]["nvidia.com/mig-3g.20gb"] == "1"
+    assert server["resources"]["limits"]["nvidia.com/mig-2g.10gb"] == "1"
+    assert result["metadata"]["annotations"]["headroom.dev/mig-profile"] == "3g.20gb,2g.10gb"
+
+
+def test_rule4_the_seed_mig_pod_keeps_its_allowed_profile() -> None:
+    pod = load_pod("mig-3g20gb-pod")
+    decision = run(pod, mig_policy())
+    result = patched(pod, decision)
+    assert container(result)["resources"]["limits"] == {"nvidia.com/mig-3g.20gb": 1}
+    assert result["metadata"]["annotations"]["headroom.dev/mig-profile"] == "3g.20gb"
+
+
+def test_rule4_an_explicit_profile_outside_the_allow_list_is_denied() -> None:
+    decision = run(load_pod("mig-3g20gb-pod"), mig_policy(mig={"allowedProfiles": ["1g.5gb"]}))
+    assert not decision.allowed
+    assert "asks for nvidia.com/mig-3g.20gb" in decision.message
+    assert "allows only 1g.5gb" in decision.message
+
+
+def test_rule4_multi_gpu_requests_become_that_many_slices() -> None:
+    pod = declaring("8Gi")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    result = patched(pod, run(pod, mig_policy()))
+    assert container(result)["resources"]["limits"] == {"nvidia.com/mig-2g.10gb": "2"}
+
+
+def test_rule4_me_profiles_use_the_device_plugin_spelling() -> None:
+    pod = declaring("9Gi")
+    policy = mig_policy(mig={"allowedProfiles": ["1g.10gb+me"]})
+    result = patched(pod, run(pod, policy))
+    assert container(result)["resources"]["limits"] == {"nvidia.com/mig-1g.10gb.me": "1"}
+    assert result["metadata"]["annotations"]["headroom.dev/mig-profile"] == "1g.10gb+me"

@@ -1,0 +1,141 @@
+"""Rules 6, 7 and 8: tolerations, nodeSelector, schedulerName and env hints."""
+
+from typing import Any
+
+from tests.headroom.pods import container, gpu_pod, load_pod, make_policy, patched, run
+
+GPU_TAINT = {
+    "key": "node-role.kubernetes.io/gpu",
+    "operator": "Equal",
+    "value": "true",
+    "effect": "NoSchedule",
+}
+TIME_SLICING = {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
+
+
+def scheduling_policy(**extra: Any) -> Any:
+    spec: dict[str, Any] = {
+        "defaultMemory": "4Gi",
+        "tolerations": [GPU_TAINT],
+        "nodeSelector": TIME_SLICING,
+    }
+    spec.update(extra)
+    return make_policy("gpu-shared", **spec)
+
+
+def test_rule6_tolerations_are_added_after_the_pods_own() -> None:
+    pod = load_pod("dcgmproftester-deployment")
+    result = patched(pod, run(pod, scheduling_policy()))
+    assert result["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        GPU_TAINT,
+    ]
+
+
+def test_rule6_a_toleration_the_pod_already_has_is_not_duplicated() -> None:
+    pod = load_pod("tensorflow-deployment")  # tolerates the GPU taint itself
+    decision = run(pod, scheduling_policy())
+    assert patched(pod, decision)["spec"]["tolerations"] == [GPU_TAINT]
+    assert not any("toleration" in w for w in decision.warnings)
+
+
+def test_rule6_an_equal_toleration_spelled_with_defaults_is_a_duplicate() -> None:
+    policy = scheduling_policy(
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "gpu"}]
+    )
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["tolerations"] = [{"key": "dedicated", "value": "gpu"}]
+    assert "tolerations" not in {op["path"].split("/")[2] for op in run(pod, policy).patch}
+
+
+def test_rule6_node_selector_is_merged_with_the_pods() -> None:
+    pod = load_pod("cuda-vectoradd")
+    result = patched(pod, run(pod, scheduling_policy()))
+    assert result["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "A100-PCIE-40GB-MIG-1g.5gb",
+        **TIME_SLICING,
+    }
+
+
+def test_rule6_a_conflicting_user_value_is_kept_with_a_warning_by_default() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.sharing-strategy": "mps"}
+    decision = run(pod, scheduling_policy())
+    assert decision.allowed
+    assert patched(pod, decision)["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.sharing-strategy": "mps"
+    }
+    assert (
+        'headroom: kept nodeSelector nvidia.com/gpu.sharing-strategy="mps"; '
+        "policy gpu-shared wants time-slicing"
+    ) in decision.warnings
+
+
+def test_rule6_a_conflict_is_denied_when_the_policy_says_so() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.sharing-strategy": "mps"}
+    decision = run(pod, scheduling_policy(nodeSelectorConflict="deny"))
+    assert not decision.allowed
+    assert 'spec.nodeSelector nvidia.com/gpu.sharing-strategy="mps" conflicts' in decision.message
+
+
+def test_rule7_default_scheduler_is_replaced_by_the_policys() -> None:
+    for scheduler in (None, "", "default-scheduler"):
+        pod = gpu_pod({"nvidia.com/gpu": "1"})
+        if scheduler is not None:
+            pod["spec"]["schedulerName"] = scheduler
+        result = patched(pod, run(pod, scheduling_policy()))
+        assert result["spec"]["schedulerName"] == "headroom-scheduler", scheduler
+
+
+def test_rule7_a_custom_scheduler_is_left_alone_with_a_warning() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["schedulerName"] = "volcano"
+    decision = run(pod, scheduling_policy())
+    assert patched(pod, decision)["spec"]["schedulerName"] == "volcano"
+    assert any("kept schedulerName volcano" in w for w in decision.warnings)
+
+
+def test_rule7_the_policy_may_name_its_own_scheduler() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    result = patched(pod, run(pod, scheduling_policy(schedulerName="gpu-scheduler")))
+    assert result["spec"]["schedulerName"] == "gpu-scheduler"
+
+
+def test_rule8_env_hints_are_off_unless_the_policy_asks() -> None:
+    pod = load_pod("tensorflow-deployment")
+    assert "env" not in container(patched(pod, run(pod, scheduling_policy())))
+
+
+def test_rule8_tensorflow_gets_allow_growth() -> None:
+    pod = load_pod("tensorflow-deployment")
+    result = patched(pod, run(pod, scheduling_policy(envHints=True)))
+    assert container(result)["env"] == [{"name": "TF_FORCE_GPU_ALLOW_GROWTH", "value": "true"}]
+
+
+def test_rule8_mps_pins_the_declared_memory() -> None:
+    pod = load_pod("mps-pod")
+    pod["metadata"]["annotations"] = {"headroom.dev/gpu-memory": "4608Mi"}
+    result = patched(pod, run(pod, scheduling_policy(envHints=True, sharing="mps")))
+    assert container(result)["env"] == [
+        {"name": "TF_FORCE_GPU_ALLOW_GROWTH", "value": "true"},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=4608M"},
+    ]
+    assert result["spec"]["hostIPC"] is True
+
+
+def test_rule8_an_env_the_user_set_is_never_overridden() -> None:
+    pod = load_pod("multi-container")  # server sets TF_FORCE_GPU_ALLOW_GROWTH=false
+    result = patched(pod, run(pod, scheduling_policy(envHints=True, sharing="mps")))
+    trainer, server, shipper = result["spec"]["containers"]
+    assert server["env"] == [
+        {"name": "TF_FORCE_GPU_ALLOW_GROWTH", "value": "false"},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=6G"},
+    ]
+    assert {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=10G"} in trainer["env"]
+    assert "env" not in shipper
+
+
+def test_rule8_no_hints_for_whole_gpus() -> None:
+    pod = load_pod("dcgmproftester-2gpu-deployment")
+    assert "env" not in container(patched(pod, run(pod, scheduling_policy(envHints=True))))
