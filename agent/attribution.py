@@ -1,0 +1,171 @@
+"""From a probe snapshot to the report: processes become pods.
+
+A process belongs to a pod when its cgroup names a pod UID that the agent's pod
+cache (pods bound to this node) knows. Everything else a GPU has in use -- the
+driver's own reservation, processes outside Kubernetes, pods not yet in the
+cache, processes whose memory NVML cannot attribute -- is ``unattributedBytes``,
+so the extender counts it against headroom rather than losing it.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from agent.cgroups import ContainerRef
+from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
+from headroom.reports import (
+    CONDITION_NVML_AVAILABLE,
+    Condition,
+    GPUUsage,
+    MigDeviceUsage,
+    PodUsage,
+    ReportStatus,
+)
+
+Pod = Mapping[str, Any]
+Resolver = Callable[[int], ContainerRef | None]
+"""Host pid -> its pod and container (``agent.cgroups.container_of_pid``)."""
+
+
+@dataclass
+class _PodTotal:
+    used: int = 0
+    starved: int | None = None
+    containers: set[str] = field(default_factory=set)
+
+
+def build_status(
+    *,
+    node_name: str,
+    backend: BackendName,
+    observed_at: datetime,
+    snapshot: Snapshot | None,
+    failure: ProbeUnavailable | None,
+    pods: Mapping[str, Pod],
+    resolve: Resolver,
+    previous: ReportStatus | None = None,
+    heartbeat_seconds: int | None = None,
+) -> ReportStatus:
+    """The report for one tick. ``pods`` is keyed by pod UID; ``failure`` is set
+    (and ``snapshot`` None) when the backend could not measure."""
+    gpus = [] if snapshot is None else [_gpu(gpu, pods, resolve) for gpu in snapshot.gpus]
+    condition = _availability(backend, failure, observed_at, previous)
+    return ReportStatus(
+        node_name=node_name,
+        backend=backend,
+        observed_at=observed_at,
+        gpus=gpus,
+        conditions=[condition],
+        heartbeat_seconds=heartbeat_seconds,
+    )
+
+
+def _availability(
+    backend: BackendName,
+    failure: ProbeUnavailable | None,
+    now: datetime,
+    previous: ReportStatus | None,
+) -> Condition:
+    status: Literal["True", "False"] = "False" if failure else "True"
+    if failure is not None:
+        reason, message = failure.reason, failure.message
+    elif backend == "simulated":
+        reason, message = "Simulated", "GPUs are simulated; no NVIDIA driver is read"
+    else:
+        reason, message = "Initialized", "NVML answers"
+    old = previous.condition(CONDITION_NVML_AVAILABLE) if previous else None
+    since = old.last_transition_time if old is not None and old.status == status else None
+    return Condition(
+        type=CONDITION_NVML_AVAILABLE,
+        status=status,
+        reason=reason[:128],
+        message=message[:1024],  # the CRD's limits: a longer write would be refused
+        last_transition_time=since or now,
+    )
+
+
+def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
+    mig_devices = [_mig(device, pods, resolve) for device in gpu.mig_devices]
+    whole = _pods(gpu.processes, pods, resolve)
+    attributed = sum(p.used_bytes for p in whole) + sum(
+        p.used_bytes for device in mig_devices for p in device.pods
+    )
+    return GPUUsage(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        product=gpu.product,
+        total_bytes=gpu.total_bytes,
+        used_bytes=gpu.used_bytes,
+        free_bytes=gpu.free_bytes,
+        mig_enabled=gpu.mig_enabled,
+        mig_devices=mig_devices,
+        pods=whole,
+        unattributed_bytes=max(gpu.used_bytes - attributed, 0),
+    )
+
+
+def _mig(device: MigDevice, pods: Mapping[str, Pod], resolve: Resolver) -> MigDeviceUsage:
+    return MigDeviceUsage(
+        uuid=device.uuid,
+        profile=device.profile,
+        total_bytes=device.total_bytes,
+        used_bytes=device.used_bytes,
+        pods=_pods(device.processes, pods, resolve),
+    )
+
+
+def _pods(
+    processes: Iterable[GPUProcess], pods: Mapping[str, Pod], resolve: Resolver
+) -> list[PodUsage]:
+    totals: dict[str, _PodTotal] = {}
+    for process in processes:
+        uid, container = _owner(process, pods, resolve)
+        if uid is None:
+            continue
+        total = totals.setdefault(uid, _PodTotal())
+        total.used += process.used_bytes or 0
+        if process.starved_bytes is not None:
+            total.starved = (total.starved or 0) + process.starved_bytes
+        if container:
+            total.containers.add(container)
+    usages = []
+    for uid, total in sorted(totals.items()):
+        metadata = pods[uid].get("metadata") or {}
+        usages.append(
+            PodUsage(
+                uid=uid,
+                namespace=str(metadata.get("namespace") or ""),
+                name=str(metadata.get("name") or ""),
+                containers=sorted(total.containers),
+                used_bytes=total.used,
+                starved_bytes=total.starved,
+            )
+        )
+    return usages
+
+
+def _owner(
+    process: GPUProcess, pods: Mapping[str, Pod], resolve: Resolver
+) -> tuple[str | None, str | None]:
+    """The known pod (and container name) a process belongs to, if any."""
+    if process.pod_uid is not None:
+        return (process.pod_uid, process.container) if process.pod_uid in pods else (None, None)
+    if process.pid is None:
+        return None, None
+    ref = resolve(process.pid)
+    if ref is None or ref.pod_uid not in pods:
+        return None, None
+    return ref.pod_uid, _container_name(pods[ref.pod_uid], ref.container_id)
+
+
+def _container_name(pod: Pod, container_id: str | None) -> str | None:
+    if container_id is None:
+        return None
+    status = pod.get("status") or {}
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for entry in status.get(key) or []:
+            # "containerd://<id>", "cri-o://<id>", "docker://<id>"
+            if str(entry.get("containerID") or "").endswith("://" + container_id):
+                return str(entry.get("name") or "") or None
+    return None

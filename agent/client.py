@@ -1,0 +1,141 @@
+"""The agent's writes to the API server: its report, Events, and evictions.
+
+All blocking (the official client is synchronous); the service calls them on
+worker threads. RBAC they need: ``gpunodereports`` get/create/update,
+``events`` create, ``pods/eviction`` create.
+"""
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from headroom import names
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "headroom-agent"
+_VERSION = names.API_VERSION.split("/", 1)[1]
+
+
+class ReportWriter:
+    """Create-or-replace of this node's GPUNodeReport.
+
+    Custom resources refuse an update without ``metadata.resourceVersion``, so
+    the writer remembers the version of its last write; a conflict (someone
+    else changed the object) re-reads it once, a missing object is created.
+    """
+
+    def __init__(self, api: client.ApiClient, *, timeout_seconds: float = 10.0) -> None:
+        self._api = client.CustomObjectsApi(api)
+        self._timeout = timeout_seconds
+        self._version: str | None = None
+
+    def __call__(self, obj: dict[str, Any]) -> None:
+        name = str(obj["metadata"]["name"])
+        if self._version is None:
+            self._version = self._current_version(name)
+        for attempt in range(2):
+            try:
+                if self._version is None:
+                    result: Any = self._api.create_cluster_custom_object(
+                        names.GROUP,
+                        _VERSION,
+                        names.REPORT_PLURAL,
+                        obj,
+                        _request_timeout=self._timeout,
+                    )
+                else:
+                    body = {**obj, "metadata": {"name": name, "resourceVersion": self._version}}
+                    result = self._api.replace_cluster_custom_object(
+                        names.GROUP,
+                        _VERSION,
+                        names.REPORT_PLURAL,
+                        name,
+                        body,
+                        _request_timeout=self._timeout,
+                    )
+            except ApiException as err:
+                if err.status in (404, 409) and attempt == 0:
+                    # 404: deleted under us; 409: changed under us (or created meanwhile).
+                    self._version = self._current_version(name)
+                    continue
+                self._version = None
+                raise
+            self._version = str((result.get("metadata") or {}).get("resourceVersion") or "") or None
+            return
+
+    def _current_version(self, name: str) -> str | None:
+        try:
+            current: Any = self._api.get_cluster_custom_object(
+                names.GROUP, _VERSION, names.REPORT_PLURAL, name, _request_timeout=self._timeout
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return str((current.get("metadata") or {}).get("resourceVersion") or "") or None
+
+
+class PodActions:
+    """Events on pods and evictions, for the guard."""
+
+    def __init__(self, api: client.ApiClient, node_name: str, *, timeout_seconds: float = 10.0):
+        self._core = client.CoreV1Api(api)
+        self._node = node_name
+        self._timeout = timeout_seconds
+
+    def record_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        now = datetime.now(UTC)
+        event = client.CoreV1Event.from_dict(
+            {
+                "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "namespace": namespace,
+                    "name": name,
+                    "uid": uid,
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": "Warning",
+                "source": {"component": COMPONENT, "host": self._node},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self._node,
+                "firstTimestamp": now.isoformat(),
+                "lastTimestamp": now.isoformat(),
+                "count": 1,
+            }
+        )
+        if event is None:  # pragma: no cover - from_dict returns None only for None
+            raise ValueError("event body")
+        self._core.create_namespaced_event(namespace, event, _request_timeout=self._timeout)
+
+    def evict(self, namespace: str, name: str, uid: str) -> bool:
+        """True when evicted (or already gone); False when a PodDisruptionBudget refused."""
+        eviction = client.V1Eviction.from_dict(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+                # The UID precondition keeps a same-named successor pod safe.
+                "deleteOptions": {"preconditions": {"uid": uid}},
+            }
+        )
+        if eviction is None:  # pragma: no cover - from_dict returns None only for None
+            raise ValueError("eviction body")
+        try:
+            self._core.create_namespaced_pod_eviction(
+                name, namespace, eviction, _request_timeout=self._timeout
+            )
+        except ApiException as err:
+            if err.status == 429:
+                return False
+            if err.status in (404, 409):
+                return True  # gone, or a different pod now has the name
+            raise
+        return True

@@ -1,0 +1,151 @@
+"""The run-time guard: a pod holding more GPU memory than it declared.
+
+Declared memory (``headroom.dev/declared-memory``, written by the webhook) is
+per GPU, so the guard compares it with the pod's largest usage on any one GPU
+or MIG device. A pod must be over for ``grace`` consecutive observations before
+anything happens, so one spike between two ticks is ignored. Then, once per
+episode (an episode ends when the pod is back within its declaration):
+
+- a Warning Event ``GPUMemoryOverDeclared`` on the pod, unless the policy's
+  ``guard`` is ``off``;
+- under ``guard: evict``, an eviction through the Eviction API, which honours
+  PodDisruptionBudgets; a refused eviction is retried on later ticks.
+
+A pod whose policy is gone or unnamed is treated as ``warn``: the guard never
+evicts without a policy that says so. This module decides; the service acts.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headroom import names
+from headroom.policy import GPUSharingPolicy
+from headroom.quantity import QuantityError, human_bytes, parse_bytes
+from headroom.reports import ReportStatus
+
+log = logging.getLogger(__name__)
+
+Pod = Mapping[str, Any]
+GuardAction = Literal["off", "warn", "evict"]
+DEFAULT_ACTION: GuardAction = "warn"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Literal["event", "evict"]
+    namespace: str
+    name: str
+    uid: str
+    message: str
+
+
+@dataclass
+class _Episode:
+    streak: int = 0
+    warned: bool = False
+    evicted: bool = False
+
+
+def guard_action(pod: Pod, policies: Mapping[str, GPUSharingPolicy]) -> GuardAction:
+    """The ``guard`` of the policy the webhook recorded on the pod."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    policy = policies.get(str(annotations.get(names.ANNOTATION_POLICY) or ""))
+    return policy.spec.guard if policy is not None else DEFAULT_ACTION
+
+
+def declared_bytes(pod: Pod) -> int | None:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(names.ANNOTATION_DECLARED_MEMORY)
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_bytes(text)
+    except QuantityError:
+        return None  # the webhook writes this annotation; a bad one is not ours to judge
+
+
+def peak_usage(status: ReportStatus) -> dict[str, tuple[int, str]]:
+    """Per pod UID: its largest usage on one device, and where that is."""
+    peaks: dict[str, tuple[int, str]] = {}
+    for gpu in status.gpus:
+        where = f"gpu {gpu.index} ({gpu.product})" if gpu.product else f"gpu {gpu.index}"
+        places = [(where, gpu.pods)]
+        places += [(f"{where} MIG {d.profile or d.uuid}", d.pods) for d in gpu.mig_devices]
+        for place, pods in places:
+            for pod in pods:
+                if pod.used_bytes > peaks.get(pod.uid, (-1, ""))[0]:
+                    peaks[pod.uid] = (pod.used_bytes, place)
+    return peaks
+
+
+class Guard:
+    def __init__(self, grace: int = 2) -> None:
+        if grace < 1:
+            raise ValueError("grace must be at least 1 observation")
+        self.grace = grace
+        self._episodes: dict[str, _Episode] = {}
+
+    def observe(
+        self,
+        status: ReportStatus,
+        pods: Mapping[str, Pod],
+        policies: Mapping[str, GPUSharingPolicy],
+    ) -> list[Verdict]:
+        """What to do after one observation; ``pods`` is keyed by UID."""
+        peaks = peak_usage(status)
+        verdicts: list[Verdict] = []
+        for uid in list(self._episodes):
+            if uid not in pods or uid not in peaks:
+                del self._episodes[uid]  # gone, or holds no GPU memory now: not over
+        for uid, (used, where) in sorted(peaks.items()):
+            pod = pods.get(uid)
+            declared = declared_bytes(pod) if pod is not None else None
+            if pod is None or declared is None:
+                continue
+            episode = self._episodes.setdefault(uid, _Episode())
+            if used <= declared:
+                self._episodes[uid] = _Episode()  # back within bounds: the episode is over
+                continue
+            episode.streak += 1
+            if episode.streak < self.grace:
+                continue
+            verdicts += self._act(episode, pod, guard_action(pod, policies), used, declared, where)
+        return verdicts
+
+    def eviction_refused(self, uid: str) -> None:
+        """The API refused the eviction (a PodDisruptionBudget): try again next time."""
+        if uid in self._episodes:
+            self._episodes[uid].evicted = False
+
+    def _act(
+        self,
+        episode: _Episode,
+        pod: Pod,
+        action: GuardAction,
+        used: int,
+        declared: int,
+        where: str,
+    ) -> list[Verdict]:
+        if action == "off":
+            return []
+        metadata = pod.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+        uid = str(metadata.get("uid", ""))
+        verdicts = []
+        if not episode.warned:
+            episode.warned = True
+            message = (
+                f"uses {human_bytes(used)} of GPU memory on {where}, above its declared "
+                f"{human_bytes(declared)} ({names.ANNOTATION_DECLARED_MEMORY})"
+            )
+            if action == "evict":
+                message += "; policy guard is evict: evicting"
+            verdicts.append(Verdict("event", namespace, name, uid, message))
+        terminating = bool(metadata.get("deletionTimestamp"))
+        if action == "evict" and not episode.evicted and not terminating:
+            episode.evicted = True
+            message = f"GPU memory {human_bytes(used)} above declared {human_bytes(declared)}"
+            verdicts.append(Verdict("evict", namespace, name, uid, message))
+        return verdicts

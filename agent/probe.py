@@ -1,0 +1,87 @@
+"""What a backend measures: the GPUs of one node and the processes using them.
+
+Two backends sit behind :class:`Probe`: NVML (``agent.nvml``) on real nodes and
+a simulation (``agent.simulated``) for the local cluster and the demo. A probe
+only measures; turning processes into pods and writing the report is the
+caller's job, so both backends feed the same attribution and reporting code.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+BackendName = Literal["nvml", "simulated"]
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """One compute process on a GPU or MIG device.
+
+    NVML knows a host ``pid``; the pod is found later through its cgroup. The
+    simulated backend has no processes, so it names the pod directly.
+    """
+
+    pid: int | None
+    used_bytes: int | None
+    """None when the driver cannot say (NVML's "not available")."""
+    pod_uid: str | None = None
+    container: str | None = None
+    starved_bytes: int | None = None
+    """Simulated only: demand the full device refused."""
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str
+    profile: str
+    total_bytes: int
+    used_bytes: int
+    processes: tuple[GPUProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    uuid: str
+    product: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    processes: tuple[GPUProcess, ...] = ()
+    """Processes on the whole GPU; on a MIG GPU they are under each device."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    gpus: tuple[GPU, ...] = field(default_factory=tuple)
+
+
+class ProbeUnavailable(Exception):
+    """The backend cannot measure now (no driver, no node labels).
+
+    ``reason`` is a CamelCase word for a condition; the message is for people.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class Probe(Protocol):
+    """A backend. A ``blocking`` one (NVML: synchronous C calls) is run on a
+    worker thread; a non-blocking one (the simulation, which reads the agent's
+    pod cache) runs on the event loop, where that cache may be read safely."""
+
+    @property
+    def name(self) -> BackendName: ...
+
+    @property
+    def blocking(self) -> bool: ...
+
+    def snapshot(self) -> Snapshot:
+        """The GPUs now; raises :class:`ProbeUnavailable` when it cannot measure."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,167 @@
+"""When to write the node's GPUNodeReport, and writing it without blocking the loop.
+
+Writes are bounded. A report is written when it differs *significantly* from
+the last one written -- a GPU's used, free or unattributed memory, or a pod's
+usage, moved by more than ``max(threshold_bytes, threshold_fraction * GPU
+total)``; a pod, GPU or MIG device appeared or went; a pod started or stopped
+starving; a condition changed -- and otherwise once per ``heartbeat_seconds``,
+so readers can tell a live agent from a dead one by ``observedAt``.
+
+Write rate per node, with the defaults (5 s interval, 30 s heartbeat): 2 per
+minute when nothing moves, at most 12 per minute (one per tick) while memory
+churns; with API errors, retries back off exponentially from 1 s to 60 s.
+"""
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from headroom.quantity import MIB, human_bytes
+from headroom.reports import GPUUsage, PodUsage, ReportStatus, report_object
+
+log = logging.getLogger(__name__)
+
+Writer = Callable[[dict[str, Any]], None]
+"""Blocking: stores the whole report object (create or replace); raises on failure."""
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    threshold_bytes: int = 64 * MIB
+    threshold_fraction: float = 0.01
+    heartbeat_seconds: float = 30.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+
+
+def change_reason(old: ReportStatus | None, new: ReportStatus, policy: WritePolicy) -> str | None:
+    """Why ``new`` is worth writing over ``old``; None when the difference is noise."""
+    if old is None:
+        return "first report"
+    old_conditions = {(c.type, c.status, c.reason) for c in old.conditions}
+    if old_conditions != {(c.type, c.status, c.reason) for c in new.conditions}:
+        return "condition changed"
+    old_gpus = {gpu.uuid: gpu for gpu in old.gpus}
+    if old_gpus.keys() != {gpu.uuid for gpu in new.gpus}:
+        return "GPUs changed"
+    for gpu in new.gpus:
+        reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy)
+        if reason:
+            return f"gpu {gpu.index}: {reason}"
+    return None
+
+
+def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None:
+    limit = max(policy.threshold_bytes, int(policy.threshold_fraction * new.total_bytes))
+    for what in ("total_bytes", "used_bytes", "free_bytes", "unattributed_bytes"):
+        before, after = getattr(old, what), getattr(new, what)
+        if abs(after - before) > limit:
+            return f"{what} moved {human_bytes(after - before)}"
+    if old.mig_enabled != new.mig_enabled:
+        return "MIG mode changed"
+    old_migs = {device.uuid: device for device in old.mig_devices}
+    if old_migs.keys() != {device.uuid for device in new.mig_devices}:
+        return "MIG devices changed"
+    pairs = [(old.pods, new.pods)]
+    for device in new.mig_devices:
+        before = old_migs[device.uuid]
+        if abs(device.used_bytes - before.used_bytes) > limit:
+            return f"MIG {device.uuid} used moved"
+        pairs.append((before.pods, device.pods))
+    for before_pods, after_pods in pairs:
+        reason = _pods_change(before_pods, after_pods, limit)
+        if reason:
+            return reason
+    return None
+
+
+def _pods_change(old: list[PodUsage], new: list[PodUsage], limit: int) -> str | None:
+    before = {pod.uid: pod for pod in old}
+    if before.keys() != {pod.uid for pod in new}:
+        return "pods changed"
+    for pod in new:
+        was = before[pod.uid]
+        moved = pod.used_bytes - was.used_bytes
+        if abs(moved) > limit:
+            return f"pod {pod.namespace}/{pod.name} moved {human_bytes(moved)}"
+        if bool(pod.starved_bytes) != bool(was.starved_bytes):
+            change = "starts" if pod.starved_bytes else "stops"
+            return f"pod {pod.namespace}/{pod.name} {change} starving"
+    return None
+
+
+class Reporter:
+    """Offers each tick's report; writes the ones the policy lets through."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        policy: WritePolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
+    ) -> None:
+        self._writer = writer
+        self.policy = policy or WritePolicy()
+        self._clock = clock
+        self._jitter = jitter
+        self.written: ReportStatus | None = None
+        self._written_at = float("-inf")
+        self._failures = 0
+        self._retry_at = float("-inf")
+        self.writes = 0
+        self.errors = 0
+
+    def due(self, status: ReportStatus) -> str | None:
+        """Why ``status`` should be written now, or None."""
+        now = self._clock()
+        if now < self._retry_at:
+            return None
+        if self._failures:
+            return "retry after error"
+        reason = change_reason(self.written, status, self.policy)
+        if reason is None and now - self._written_at >= self.policy.heartbeat_seconds:
+            reason = "heartbeat"
+        return reason
+
+    async def offer(self, status: ReportStatus) -> bool:
+        """Write ``status`` if due, on a worker thread; True when it was written."""
+        reason = self.due(status)
+        if reason is None:
+            return False
+        try:
+            await asyncio.to_thread(self._writer, report_object(status))
+        except Exception as err:  # any API or network error: back off, keep the loop alive
+            self._failed(err)
+            return False
+        if self._failures:
+            log.info("report written again after %d failed attempts", self._failures)
+        log.debug("report written: %s", reason)
+        self._failures = 0
+        self._retry_at = float("-inf")
+        self.written = status
+        self._written_at = self._clock()
+        self.writes += 1
+        return True
+
+    def _failed(self, err: Exception) -> None:
+        self.errors += 1
+        self._failures += 1
+        delay = min(
+            self.policy.backoff_max_seconds,
+            self.policy.backoff_initial_seconds * 2 ** (self._failures - 1),
+        )
+        delay *= self._jitter()
+        self._retry_at = self._clock() + delay
+        # One line for the first failure of a streak, then only every 10th.
+        if self._failures == 1 or self._failures % 10 == 0:
+            log.warning(
+                "cannot write GPUNodeReport (attempt %d): %s; retrying in %.1fs",
+                self._failures,
+                err,
+                delay,
+            )

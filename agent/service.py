@@ -1,0 +1,298 @@
+"""The agent's loop: every interval, measure, attribute, report, guard.
+
+:class:`Agent` is one tick and the loop around it, over injected parts (probe,
+reporter, guard, pod actions), so tests drive it without a cluster.
+:func:`serve` wires the real parts: a pod informer limited to this node
+(``spec.nodeName``), a GPUSharingPolicy informer for the guard, the node's
+labels for the simulated backend, and the HTTP port.
+
+Nothing here raises out of the loop: a failed tick is logged and the next one
+runs on time, so the DaemonSet pod never crash-loops on a GPU or API problem.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+from kubernetes import client
+
+from agent.attribution import Resolver, build_status
+from agent.caches import NodeCache, PolicyCache
+from agent.cgroups import container_of_pid
+from agent.client import PodActions, ReportWriter
+from agent.gpuspec import GPUSpec
+from agent.guard import Guard, Verdict
+from agent.nvml import NvmlProbe
+from agent.probe import BackendName, Probe, ProbeUnavailable, Snapshot
+from agent.reporter import Reporter, WritePolicy
+from agent.server import AgentMetrics, create_app
+from agent.simulated import SimulatedProbe
+from headroom import names
+from headroom.policy import GPUSharingPolicy
+from headroom.reports import ReportStatus
+from kube.informer import Informer
+
+log = logging.getLogger(__name__)
+
+Pod = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    backend: BackendName = "nvml"
+    interval_seconds: float = 5.0
+    proc_root: Path = Path("/proc")
+    sim_spec: GPUSpec | None = None
+    write_policy: WritePolicy = field(default_factory=WritePolicy)
+    grace: int = 2
+    port: int = 0
+    """HTTP port for /healthz /readyz /metrics; 0 serves none."""
+    nvml_retry_seconds: float = 60.0
+
+
+class Actions(Protocol):
+    def record_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str
+    ) -> None: ...
+
+    def evict(self, namespace: str, name: str, uid: str) -> bool: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        probe: Probe,
+        reporter: Reporter,
+        guard: Guard,
+        actions: Actions,
+        pods: Callable[[], Mapping[str, Pod]],
+        policies: Callable[[], Mapping[str, GPUSharingPolicy]] = dict,
+        resolve: Resolver = lambda pid: None,
+        metrics: AgentMetrics | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._node_name = node_name
+        self._probe = probe
+        self.reporter = reporter
+        self._guard = guard
+        self._actions = actions
+        self._pods = pods
+        self._policies = policies
+        self._resolve = resolve
+        self.metrics = metrics or AgentMetrics()
+        self._clock = clock
+        self.last: ReportStatus | None = None
+        self.last_tick_at: float | None = None
+        self._failure_reason: str | None = None
+
+    async def tick(self) -> ReportStatus:
+        pods = {str((p.get("metadata") or {}).get("uid")): p for p in self._pods().values()}
+        snapshot: Snapshot | None = None
+        failure: ProbeUnavailable | None = None
+        try:
+            if self._probe.blocking:
+                snapshot = await asyncio.to_thread(self._probe.snapshot)
+            else:
+                snapshot = self._probe.snapshot()
+        except ProbeUnavailable as err:
+            failure = err
+        self._note_availability(failure)
+        status = build_status(
+            node_name=self._node_name,
+            backend=self._probe.name,
+            observed_at=self._clock(),
+            snapshot=snapshot,
+            failure=failure,
+            pods=pods,
+            resolve=self._resolve,
+            previous=self.last,
+            heartbeat_seconds=round(self.reporter.policy.heartbeat_seconds),
+        )
+        self.last = status
+        self._observe(status, failure is None)
+        errors = self.reporter.errors
+        if await self.reporter.offer(status):
+            self.metrics.report_writes.labels("ok").inc()
+        elif self.reporter.errors > errors:
+            self.metrics.report_writes.labels("error").inc()
+        if snapshot is not None:
+            for verdict in self._guard.observe(status, pods, self._policies()):
+                await self._act(verdict)
+        self.last_tick_at = time.monotonic()
+        return status
+
+    async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # a bug or an unforeseen API shape: log, keep measuring
+                log.exception("tick failed")
+            remaining = max(interval_seconds - (time.monotonic() - started), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=remaining)
+        self._probe.close()
+
+    def _note_availability(self, failure: ProbeUnavailable | None) -> None:
+        """One log line per change, however many ticks it lasts."""
+        reason = failure.reason if failure else None
+        if reason == self._failure_reason:
+            return
+        if failure is not None:
+            log.error(
+                "%s backend unavailable (%s): %s -- reporting %s=False and retrying",
+                self._probe.name,
+                failure.reason,
+                failure.message,
+                "NVMLAvailable",
+            )
+        else:
+            log.info("%s backend measuring", self._probe.name)
+        self._failure_reason = reason
+
+    def _observe(self, status: ReportStatus, available: bool) -> None:
+        self.metrics.ticks.inc()
+        self.metrics.probe_available.set(1 if available else 0)
+        for gpu in status.gpus:
+            self.metrics.gpu_used.labels(str(gpu.index), gpu.uuid).set(gpu.used_bytes)
+            self.metrics.gpu_total.labels(str(gpu.index), gpu.uuid).set(gpu.total_bytes)
+
+    async def _act(self, verdict: Verdict) -> None:
+        where = f"{verdict.namespace}/{verdict.name}"
+        try:
+            if verdict.kind == "event":
+                log.warning("pod %s %s", where, verdict.message)
+                await asyncio.to_thread(
+                    self._actions.record_event,
+                    verdict.namespace,
+                    verdict.name,
+                    verdict.uid,
+                    names.EVENT_REASON_OVER_MEMORY,
+                    verdict.message,
+                )
+                self.metrics.guard_actions.labels("event").inc()
+                return
+            evicted = await asyncio.to_thread(
+                self._actions.evict, verdict.namespace, verdict.name, verdict.uid
+            )
+        except Exception as err:  # the API is down or refused: next episode tries again
+            log.warning("guard %s on pod %s failed: %s", verdict.kind, where, err)
+            self.metrics.guard_actions.labels("error").inc()
+            if verdict.kind == "evict":
+                self._guard.eviction_refused(verdict.uid)
+            return
+        if evicted:
+            log.warning("evicted pod %s: %s", where, verdict.message)
+            self.metrics.guard_actions.labels("evict").inc()
+        else:
+            log.info("eviction of pod %s refused by a PodDisruptionBudget; will retry", where)
+            self.metrics.guard_actions.labels("evict-refused").inc()
+            self._guard.eviction_refused(verdict.uid)
+
+
+async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event) -> None:
+    """Run the agent for ``config.node_name`` until ``stop`` is set."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    pod_informer = Informer(
+        core.list_pod_for_all_namespaces,
+        name="pods",
+        field_selector=f"spec.nodeName={config.node_name}",
+    )
+    policy_cache = PolicyCache()
+    policy_informer = Informer(
+        functools.partial(
+            custom.list_cluster_custom_object,
+            names.GROUP,
+            names.API_VERSION.split("/", 1)[1],
+            names.POLICY_PLURAL,
+        ),
+        name="policies",
+        handler=policy_cache.on_event,
+    )
+    tasks: list[asyncio.Task[None]] = []
+    waits = [pod_informer.synced]
+    probe: Probe
+    if config.backend == "simulated":
+        node_cache = NodeCache(core, config.node_name)
+        if config.sim_spec is None:  # GPUs from the node's labels
+            tasks.append(asyncio.create_task(node_cache.run(stop)))
+            waits.append(node_cache.tried)
+        probe = SimulatedProbe(
+            config.node_name,
+            pods=lambda: list(pod_informer.items.values()),
+            node=lambda: node_cache.node,
+            spec=config.sim_spec,
+        )
+    else:
+        probe = NvmlProbe(retry_seconds=config.nvml_retry_seconds)
+    agent = Agent(
+        node_name=config.node_name,
+        probe=probe,
+        reporter=Reporter(ReportWriter(api), config.write_policy),
+        guard=Guard(config.grace),
+        actions=PodActions(api, config.node_name),
+        pods=lambda: pod_informer.items,
+        policies=lambda: policy_cache.policies,
+        resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
+    )
+    pod_informer.start()
+    policy_informer.start()
+    runner = await _start_http(agent, pod_informer, config) if config.port else None
+    try:
+        # The first report waits for the pod list (without it every process
+        # would read as unattributed) and, simulated, for the node's labels.
+        for event in waits:
+            await _wait(event, stop)
+        log.info(
+            "agent for node %s: %s backend, every %.1fs",
+            config.node_name,
+            probe.name,
+            config.interval_seconds,
+        )
+        await agent.run(stop, config.interval_seconds)
+    finally:
+        pod_informer.stop()
+        policy_informer.stop()
+        for task in tasks:
+            task.cancel()
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def _wait(event: asyncio.Event, stop: asyncio.Event) -> None:
+    synced = asyncio.create_task(event.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({synced, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (synced, stopped):
+        task.cancel()
+
+
+async def _start_http(agent: Agent, pods: Informer, config: AgentConfig) -> web.AppRunner:
+    stall = 3 * config.interval_seconds + 30
+
+    def healthy() -> bool:
+        last = agent.last_tick_at
+        return last is None or time.monotonic() - last < stall
+
+    def ready() -> bool:
+        return pods.synced.is_set() and agent.last is not None
+
+    # No access log: the kubelet probes every few seconds.
+    app = create_app(agent.metrics, healthy=healthy, ready=ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", config.port).start()
+    log.info("serving /healthz /readyz /metrics on :%d", config.port)
+    return runner

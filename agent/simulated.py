@@ -1,0 +1,291 @@
+"""The simulated backend: fake GPUs that fill up like real ones.
+
+For the local cluster and the demo, where nodes are KWOK fakes. The GPUs come
+from an explicit spec or from the Node's GPU Feature Discovery labels
+(``agent.gpuspec``). The load comes from the pods actually
+Running on the node: each one's demand follows its ``sim.headroom.dev/usage``
+pattern (``agent.usage``), or stays at its declared memory without one.
+
+Memory is finite, as on a real GPU. Each tick, pods whose demand fell release
+memory first; then, in start order (first come, first served), each pod's
+increase is granted as far as free memory lasts -- a workload allocates in
+many pieces, and ``cudaMalloc`` fails the piece that does not fit. Demand that
+was refused is the pod's ``starved_bytes``: what a real workload would have
+seen as CUDA out-of-memory. Memory freed by one pod goes to whoever asks next,
+which is how a leak starves its neighbours (seed 001).
+
+Device choice is deterministic: a shared or whole-GPU pod sits on GPU
+``sha256(uid) mod count``; a MIG pod gets the first free device of its profile.
+"""
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.gpuspec import GPUSpec, spec_from_node
+from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
+from agent.usage import Leak, Spiky, Steady, UsageError, parse_usage
+from headroom import names
+from headroom.mig import profile_from_resource
+from headroom.podspec import PodError, gpu_requests
+from headroom.quantity import QuantityError, parse_bytes
+
+log = logging.getLogger(__name__)
+
+Pod = Mapping[str, Any]
+_UUID_NAMESPACE = uuid.UUID("6f1c8a2e-3b4d-5e6f-8a9b-0c1d2e3f4a5b")
+
+
+@dataclass
+class _Device:
+    """One allocatable memory pool: a whole GPU or a MIG device."""
+
+    uuid: str
+    total: int
+    profile: str = ""
+    held: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Load:
+    uid: str
+    container: str
+    started: datetime
+    demand: int
+
+
+class SimulatedProbe:
+    """A :class:`agent.probe.Probe` whose GPUs are driven by the node's pods."""
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        pods: Callable[[], Iterable[Pod]],
+        node: Callable[[], Pod | None] = lambda: None,
+        spec: GPUSpec | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._node_name = node_name
+        self._pods = pods
+        self._node = node
+        self._spec = spec
+        self._clock = clock
+        self._devices: dict[str, _Device] = {}
+        self._mig_of: dict[str, str] = {}  # pod uid -> MIG device uuid, sticky
+        self._first_seen: dict[str, datetime] = {}
+        self._warned: set[str] = set()
+
+    @property
+    def blocking(self) -> bool:
+        return False
+
+    @property
+    def name(self) -> BackendName:
+        return "simulated"
+
+    def close(self) -> None:
+        pass
+
+    def snapshot(self) -> Snapshot:
+        spec = self._spec or self._node_spec()
+        gpus = self._layout(spec)
+        now = self._clock()
+        loads: dict[str, list[_Load]] = {}
+        for pod in self._pods():
+            placed = self._place(pod, gpus, now)
+            if placed is not None:
+                loads.setdefault(placed[0], []).append(placed[1])
+        for device in self._devices.values():
+            _allocate(device, loads.get(device.uuid, []))
+        starved = {
+            load.uid: load.demand - self._devices[key].held.get(load.uid, 0)
+            for key, device_loads in loads.items()
+            for load in device_loads
+        }
+        return Snapshot(gpus=tuple(self._gpu(gpu, starved, loads) for gpu in gpus))
+
+    # --- layout -------------------------------------------------------------
+
+    def _node_spec(self) -> GPUSpec:
+        node = self._node()
+        if node is None:
+            raise ProbeUnavailable("NodeNotFound", f"node {self._node_name} is not readable yet")
+        return spec_from_node(node)
+
+    def _layout(self, spec: GPUSpec) -> list[tuple[int, GPUSpec, list[str]]]:
+        """GPUs as (index, spec, MIG device uuids); keeps held memory across ticks."""
+        wanted: dict[str, _Device] = {}
+        gpus = []
+        for index in range(spec.count):
+            gpu_uuid = self._uuid("GPU", str(index))
+            mig_uuids = []
+            for profile, memory, instances in spec.mig:
+                # Instances are dealt round-robin over the GPUs.
+                for n in range(index, instances, spec.count):
+                    mig_uuid = self._uuid("MIG", f"{index}/{profile}/{n}")
+                    wanted[mig_uuid] = _Device(mig_uuid, memory, profile)
+                    mig_uuids.append(mig_uuid)
+            if not mig_uuids:
+                wanted[gpu_uuid] = _Device(gpu_uuid, spec.memory_bytes)
+            gpus.append((index, spec, mig_uuids))
+        for key, device in wanted.items():
+            if key in self._devices and self._devices[key].total == device.total:
+                wanted[key] = self._devices[key]
+        self._devices = wanted
+        return gpus
+
+    def _uuid(self, kind: str, where: str) -> str:
+        return f"{kind}-{uuid.uuid5(_UUID_NAMESPACE, f'{self._node_name}/{where}')}"
+
+    # --- pods ---------------------------------------------------------------
+
+    def _place(
+        self, pod: Pod, gpus: list[tuple[int, GPUSpec, list[str]]], now: datetime
+    ) -> tuple[str, _Load] | None:
+        """The device a Running pod's memory lives on, and its demand now."""
+        metadata = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        uid = str(metadata.get("uid") or "")
+        if not uid or status.get("phase") != "Running":
+            return None
+        annotations = metadata.get("annotations") or {}
+        try:
+            requests = gpu_requests(pod)
+        except PodError:
+            requests = []
+        if not requests and names.ANNOTATION_SIMULATED_USAGE not in annotations:
+            return None
+        started = _started(pod) or self._first_seen.setdefault(uid, now)
+        pattern = self._pattern(uid, annotations)
+        if pattern is not None:
+            demand = pattern.demand((now - started).total_seconds())
+        else:
+            demand = _declared(annotations)
+        container = requests[0].container.name if requests else ""
+        load = _Load(uid, container, started, max(demand, 0))
+        profile = profile_from_resource(requests[0].resource) if requests else None
+        if profile is not None:
+            device = self._mig_device(uid, profile, gpus)
+            return None if device is None else (device, load)
+        index = int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % len(gpus)
+        _, _, mig_uuids = gpus[index]
+        if mig_uuids:
+            return None  # a whole-GPU request cannot land on a MIG GPU
+        return self._uuid("GPU", str(index)), load
+
+    def _mig_device(
+        self, uid: str, profile: str, gpus: list[tuple[int, GPUSpec, list[str]]]
+    ) -> str | None:
+        current = self._mig_of.get(uid)
+        if current in self._devices:
+            return current
+        taken = set(self._mig_of.values())
+        for _, _, mig_uuids in gpus:
+            for mig_uuid in mig_uuids:
+                if self._devices[mig_uuid].profile == profile and mig_uuid not in taken:
+                    self._mig_of[uid] = mig_uuid
+                    return mig_uuid
+        self._warn(uid, f"pod {uid}: no free simulated MIG device of profile {profile}")
+        return None
+
+    def _pattern(self, uid: str, annotations: Mapping[str, str]) -> Steady | Spiky | Leak | None:
+        text = annotations.get(names.ANNOTATION_SIMULATED_USAGE)
+        if text is None:
+            return None
+        try:
+            return parse_usage(text)
+        except UsageError as err:
+            self._warn(uid, f"pod {uid}: {err}; using its declared memory")
+            return None
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
+    # --- output -------------------------------------------------------------
+
+    def _gpu(
+        self,
+        gpu: tuple[int, GPUSpec, list[str]],
+        starved: Mapping[str, int],
+        loads: Mapping[str, list[_Load]],
+    ) -> GPU:
+        index, spec, mig_uuids = gpu
+        gpu_uuid = self._uuid("GPU", str(index))
+
+        def processes(key: str) -> tuple[GPUProcess, ...]:
+            device = self._devices[key]
+            return tuple(
+                GPUProcess(
+                    pid=None,
+                    used_bytes=device.held.get(load.uid, 0),
+                    pod_uid=load.uid,
+                    container=load.container or None,
+                    starved_bytes=starved.get(load.uid, 0),
+                )
+                for load in loads.get(key, [])
+            )
+
+        migs = tuple(
+            MigDevice(
+                uuid=key,
+                profile=self._devices[key].profile,
+                total_bytes=self._devices[key].total,
+                used_bytes=sum(self._devices[key].held.values()),
+                processes=processes(key),
+            )
+            for key in mig_uuids
+        )
+        used = (
+            sum(m.used_bytes for m in migs) if migs else sum(self._devices[gpu_uuid].held.values())
+        )
+        return GPU(
+            index=index,
+            uuid=gpu_uuid,
+            product=spec.product,
+            total_bytes=spec.memory_bytes,
+            used_bytes=used,
+            free_bytes=max(spec.memory_bytes - used, 0),
+            mig_enabled=bool(migs),
+            mig_devices=migs,
+            processes=() if migs else processes(gpu_uuid),
+        )
+
+
+def _allocate(device: _Device, loads: list[_Load]) -> None:
+    """Release first, then grant increases in start order (first come, first served)."""
+    present = {load.uid for load in loads}
+    device.held = {uid: held for uid, held in device.held.items() if uid in present}
+    for load in loads:
+        if load.demand < device.held.get(load.uid, 0):
+            device.held[load.uid] = load.demand
+    for load in sorted(loads, key=lambda item: (item.started, item.uid)):
+        held = device.held.get(load.uid, 0)
+        free = max(device.total - sum(device.held.values()), 0)
+        device.held[load.uid] = held + min(max(load.demand - held, 0), free)
+
+
+def _started(pod: Pod) -> datetime | None:
+    status = pod.get("status") or {}
+    metadata = pod.get("metadata") or {}
+    for text in (status.get("startTime"), metadata.get("creationTimestamp")):
+        if isinstance(text, str):
+            try:
+                moment = datetime.fromisoformat(text)
+            except ValueError:
+                continue
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return None
+
+
+def _declared(annotations: Mapping[str, str]) -> int:
+    try:
+        return parse_bytes(annotations.get(names.ANNOTATION_DECLARED_MEMORY) or 0)
+    except QuantityError:
+        return 0

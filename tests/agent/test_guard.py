@@ -1,0 +1,189 @@
+"""The guard: one Event per episode, eviction only under ``evict``, spikes ignored."""
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from agent.gpuspec import GPUSpec
+from agent.guard import Guard, guard_action
+from agent.reporter import Reporter
+from agent.service import Agent
+from agent.simulated import SimulatedProbe
+from headroom import names
+from headroom.policy import GPUSharingPolicy, parse_policy
+from headroom.quantity import GIB
+from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
+from tests.agent.doubles import ActionsDouble, Clock, WriterDouble, pod
+
+
+def policy(name: str, guard: str) -> GPUSharingPolicy:
+    return parse_policy(
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.POLICY_KIND,
+            "metadata": {"name": name},
+            "spec": {"guard": guard},
+        }
+    )
+
+
+POLICIES = {
+    p.name: p for p in (policy("strict", "evict"), policy("lax", "off"), policy("std", "warn"))
+}
+
+
+def guarded(uid: str, policy_name: str, declared: str = "10Gi") -> dict[str, Any]:
+    return pod(
+        uid,
+        uid,
+        namespace="ml",
+        annotations={
+            names.ANNOTATION_POLICY: policy_name,
+            names.ANNOTATION_DECLARED_MEMORY: declared,
+        },
+    )
+
+
+def report(usage: dict[str, int], *, mig: bool = False) -> ReportStatus:
+    pods = [PodUsage(uid=uid, namespace="ml", name=uid, used_bytes=b) for uid, b in usage.items()]
+    gpu = GPUUsage(
+        index=0,
+        uuid="GPU-1",
+        product="NVIDIA A100-PCIE-40GB",
+        total_bytes=40 * GIB,
+        used_bytes=sum(usage.values()),
+        free_bytes=0,
+        pods=[] if mig else pods,
+        mig_enabled=mig,
+        mig_devices=[
+            MigDeviceUsage(
+                uuid="MIG-1", profile="3g.20gb", total_bytes=20 * GIB, used_bytes=0, pods=pods
+            )
+        ]
+        if mig
+        else [],
+    )
+    return ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[gpu],
+    )
+
+
+def test_a_single_spike_is_ignored() -> None:
+    guard = Guard(grace=2)
+    pods = {"a": guarded("a", "strict")}
+    assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES) == []
+    assert guard.observe(report({"a": 8 * GIB}), pods, POLICIES) == []
+    assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES) == []  # the count restarted
+
+
+def test_warn_records_one_event_per_episode() -> None:
+    guard = Guard(grace=2)
+    pods = {"a": guarded("a", "std")}
+    over, under = report({"a": 12 * GIB}), report({"a": 9 * GIB})
+    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES)] for r in (over, over, over, over)]
+    assert kinds == [[], ["event"], [], []]
+    guard.observe(under, pods, POLICIES)  # back within bounds: the episode ends
+    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES)] for r in (over, over)]
+    assert kinds == [[], ["event"]]
+
+
+def test_event_names_the_usage_the_declaration_and_the_gpu() -> None:
+    guard = Guard(grace=1)
+    (verdict,) = guard.observe(report({"a": 12 * GIB}), {"a": guarded("a", "std")}, POLICIES)
+    assert (verdict.namespace, verdict.name, verdict.uid) == ("ml", "a", "a")
+    assert "12.0 GiB" in verdict.message
+    assert "10.0 GiB" in verdict.message
+    assert "gpu 0 (NVIDIA A100-PCIE-40GB)" in verdict.message
+    assert names.ANNOTATION_DECLARED_MEMORY in verdict.message
+
+
+def test_evict_only_under_an_evict_policy() -> None:
+    guard = Guard(grace=1)
+    pods = {uid: guarded(uid, name) for uid, name in (("e", "strict"), ("w", "std"), ("o", "lax"))}
+    pods["n"] = guarded("n", "no-such-policy")
+    verdicts = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES)
+    assert sorted((v.uid, v.kind) for v in verdicts) == [
+        ("e", "event"),
+        ("e", "evict"),
+        ("n", "event"),  # a missing policy never evicts
+        ("w", "event"),
+    ]
+    again = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES)
+    assert again == []  # evicted once, warned once
+
+
+def test_refused_eviction_is_retried() -> None:
+    guard = Guard(grace=1)
+    pods = {"e": guarded("e", "strict")}
+    over = report({"e": 12 * GIB})
+    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event", "evict"]
+    guard.eviction_refused("e")  # a PodDisruptionBudget said no
+    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["evict"]
+
+
+def test_mig_usage_and_pods_without_declarations() -> None:
+    guard = Guard(grace=1)
+    undeclared = pod("u", "u")
+    verdicts = guard.observe(
+        report({"a": 12 * GIB, "u": 30 * GIB}, mig=True),
+        {"a": guarded("a", "std"), "u": undeclared},
+        POLICIES,
+    )
+    assert [(v.uid, v.kind) for v in verdicts] == [("a", "event")]
+    assert "MIG 3g.20gb" in verdicts[0].message
+
+
+def test_terminating_pods_are_not_evicted_again() -> None:
+    guard = Guard(grace=1)
+    leaving = guarded("e", "strict")
+    leaving["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    verdicts = guard.observe(report({"e": 12 * GIB}), {"e": leaving}, POLICIES)
+    assert [v.kind for v in verdicts] == ["event"]
+
+
+def test_guard_action_defaults_to_warn() -> None:
+    assert guard_action(pod("x", "x"), POLICIES) == "warn"
+    assert guard_action(guarded("x", "strict"), POLICIES) == "evict"
+    with pytest.raises(ValueError, match="grace"):
+        Guard(grace=0)
+
+
+async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
+    """End to end through the agent's loop, on the simulated backend."""
+    clock = Clock()
+    leaky = guarded("nb", "strict", declared="4Gi")
+    leaky["metadata"]["annotations"][names.ANNOTATION_SIMULATED_USAGE] = json.dumps(
+        {"pattern": "leak", "base": "1Gi", "ratePerMinute": "6Gi"}
+    )
+    leaky["status"]["startTime"] = "2025-01-01T00:00:00Z"
+    pods = {"ml/nb": leaky}
+    actions = ActionsDouble(refuse_evictions=1)
+    agent = Agent(
+        node_name="gpu-node-1",
+        probe=SimulatedProbe(
+            "gpu-node-1", pods=lambda: pods.values(), spec=GPUSpec(1, 40 * GIB), clock=clock.now
+        ),
+        reporter=Reporter(WriterDouble(), clock=clock.monotonic),
+        guard=Guard(grace=2),
+        actions=actions,
+        pods=lambda: pods,
+        policies=lambda: POLICIES,
+        clock=clock.now,
+    )
+    for _ in range(10):  # 4 GiB is passed at t = 30 s; ticks every 5 s
+        await agent.tick()
+        clock.advance(5)
+    assert len(actions.events) == 1
+    where, uid, reason, message = actions.events[0]
+    assert (where, uid, reason) == ("ml/nb", "nb", names.EVENT_REASON_OVER_MEMORY)
+    assert "evicting" in message
+    # t=35 s over, t=40 s confirmed: evicted, refused by a PDB, retried on the next tick.
+    assert actions.evictions == [("ml", "nb", "nb"), ("ml", "nb", "nb")]
+    rendered = agent.metrics.render().decode()
+    assert 'headroom_agent_guard_actions_total{kind="evict-refused"} 1.0' in rendered
+    assert 'headroom_agent_guard_actions_total{kind="evict"} 1.0' in rendered

@@ -1,0 +1,128 @@
+"""Bounded writes: threshold, heartbeat, back-off; and the write rate they give."""
+
+from datetime import UTC, datetime
+
+from agent.reporter import Reporter, WritePolicy, change_reason
+from headroom.quantity import GIB, MIB
+from headroom.reports import Condition, GPUUsage, PodUsage, ReportStatus, parse_report
+from tests.agent.doubles import Clock, WriterDouble
+
+TOTAL = 40 * GIB  # 1 % is ~410 MiB, above the 64 MiB floor
+
+
+def status(
+    used: int = 10 * GIB,
+    *,
+    pods: dict[str, int] | None = None,
+    starved: int | None = None,
+    available: bool = True,
+) -> ReportStatus:
+    pod_usage = [
+        PodUsage(uid=uid, namespace="ml", name=uid, used_bytes=bytes_, starved_bytes=starved)
+        for uid, bytes_ in (pods or {"p1": used}).items()
+    ]
+    return ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[
+            GPUUsage(
+                index=0,
+                uuid="GPU-1",
+                product="NVIDIA A100-PCIE-40GB",
+                total_bytes=TOTAL,
+                used_bytes=used,
+                free_bytes=TOTAL - used,
+                pods=pod_usage,
+            )
+        ],
+        conditions=[
+            Condition(
+                type="NVMLAvailable",
+                status="True" if available else "False",
+                reason="Initialized" if available else "NVMLLibraryNotFound",
+            )
+        ],
+    )
+
+
+def test_what_counts_as_a_change() -> None:
+    policy = WritePolicy()
+    base = status()
+    assert change_reason(None, base, policy) == "first report"
+    assert change_reason(base, status(10 * GIB + 300 * MIB), policy) is None  # under 1 % of 40 GiB
+    reason = change_reason(base, status(10 * GIB + 500 * MIB), policy)
+    assert reason is not None
+    assert "used_bytes" in reason
+    assert (
+        change_reason(base, status(pods={"p1": 10 * GIB, "p2": 0}), policy) == "gpu 0: pods changed"
+    )
+    starving = change_reason(base, status(starved=1), policy)
+    assert starving is not None
+    assert "starts starving" in starving
+    assert change_reason(base, status(available=False), policy) == "condition changed"
+    small_gpu = WritePolicy(threshold_fraction=0.0)  # only the 64 MiB floor
+    assert change_reason(base, status(10 * GIB + 100 * MIB), small_gpu) is not None
+
+
+async def test_threshold_and_heartbeat_bound_the_writes() -> None:
+    clock = Clock()
+    writer = WriterDouble()
+    reporter = Reporter(writer, WritePolicy(heartbeat_seconds=30), clock=clock.monotonic)
+    assert await reporter.offer(status())  # first
+    clock.advance(5)
+    assert not await reporter.offer(status(10 * GIB + 100 * MIB))  # noise
+    clock.advance(5)
+    assert await reporter.offer(status(12 * GIB))  # real change
+    for _ in range(5):  # 25 s of nothing new
+        clock.advance(5)
+        assert not await reporter.offer(status(12 * GIB))
+    clock.advance(5)
+    assert await reporter.offer(status(12 * GIB))  # 30 s since the last write: heartbeat
+    assert len(writer.objects) == 3
+    assert parse_report(writer.objects[-1]).gpus[0].used_bytes == 12 * GIB
+
+
+async def test_drift_is_measured_against_the_last_write_not_the_last_tick() -> None:
+    clock = Clock()
+    writer = WriterDouble()
+    reporter = Reporter(writer, clock=clock.monotonic)
+    used = 10 * GIB
+    await reporter.offer(status(used))
+    written_after = []
+    for tick in range(1, 6):  # 200 MiB per tick: each step is noise, the sum is not
+        clock.advance(5)
+        used += 200 * MIB
+        if await reporter.offer(status(used)):
+            written_after.append(tick)
+    assert written_after == [3]  # 600 MiB > 410 MiB
+
+
+async def test_api_errors_back_off_then_retry() -> None:
+    clock = Clock()
+    writer = WriterDouble()
+    writer.fail_next = 3
+    reporter = Reporter(writer, clock=clock.monotonic, jitter=lambda: 1.0)
+    attempts = []
+    for _ in range(12):  # 1 s ticks: retries at 0, 1, 3, 7 (delays 1, 2, 4)
+        if reporter.due(status()) is not None:
+            attempts.append(clock.seconds)
+        await reporter.offer(status())
+        clock.advance(1)
+    assert attempts == [0, 1, 3, 7]
+    assert reporter.errors == 3
+    assert len(writer.objects) == 1
+
+
+async def test_write_rate_per_node() -> None:
+    """The figure in the README: 5 s ticks, 30 s heartbeat, over ten minutes."""
+    clock = Clock()
+    quiet, busy = WriterDouble(), WriterDouble()
+    quiet_reporter = Reporter(quiet, clock=clock.monotonic)
+    busy_reporter = Reporter(busy, clock=clock.monotonic)
+    for tick in range(120):
+        await quiet_reporter.offer(status(10 * GIB + (tick % 3) * 50 * MIB))  # jitter only
+        await busy_reporter.offer(status(GIB * (1 + tick % 20)))  # 1 GiB steps every tick
+        clock.advance(5)
+    assert len(quiet.objects) == 20  # 2 per minute
+    assert len(busy.objects) == 120  # 12 per minute: one per tick, never more

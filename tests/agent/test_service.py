@@ -1,0 +1,142 @@
+"""The agent's HTTP port on 127.0.0.1, its policy cache, its loop, and its command line."""
+
+import argparse
+import asyncio
+import logging
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.caches import PolicyCache
+from agent.guard import Guard
+from agent.probe import BackendName, Snapshot
+from agent.reporter import Reporter
+from agent.server import AgentMetrics, create_app
+from agent.service import Agent
+from cli.agent import duration
+from cli.main import main
+from headroom import names
+from tests.agent.doubles import ActionsDouble, WriterDouble
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_health_readiness_and_metrics_over_http() -> None:
+    metrics = AgentMetrics()
+    metrics.ticks.inc(3)
+    state = {"healthy": True, "ready": False}
+    app = create_app(metrics, healthy=lambda: state["healthy"], ready=lambda: state["ready"])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            async with http.get("/healthz") as response:
+                assert response.status == 200
+            async with http.get("/readyz") as response:
+                assert response.status == 503
+            state["ready"], state["healthy"] = True, False
+            async with http.get("/readyz") as response:
+                assert response.status == 200
+            async with http.get("/healthz") as response:
+                assert response.status == 503
+            async with http.get("/metrics") as response:
+                assert "headroom_agent_ticks_total 3.0" in await response.text()
+    finally:
+        await runner.cleanup()
+
+
+def test_policy_cache_keeps_valid_policies_only(caplog: pytest.LogCaptureFixture) -> None:
+    cache = PolicyCache()
+    good = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": "team-a"},
+        "spec": {"guard": "evict"},
+    }
+    cache.on_event("ADDED", good)
+    assert cache.policies["team-a"].spec.guard == "evict"
+    with caplog.at_level(logging.WARNING):
+        cache.on_event("MODIFIED", {**good, "spec": {"guard": "explode"}})
+    assert "team-a" not in cache.policies  # never half-applied
+    assert "guard" in caplog.text
+    cache.on_event("ADDED", good)
+    cache.on_event("DELETED", good)
+    assert cache.policies == {}
+
+
+class BrokenProbe:
+    """A backend with a bug: raises something no one foresaw."""
+
+    @property
+    def name(self) -> BackendName:
+        return "nvml"
+
+    @property
+    def blocking(self) -> bool:
+        return False
+
+    def snapshot(self) -> Snapshot:
+        raise RuntimeError("bug in a backend")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture) -> None:
+    probe = BrokenProbe()
+    agent = Agent(
+        node_name="n",
+        probe=probe,
+        reporter=Reporter(WriterDouble()),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=dict,
+    )
+    stop = asyncio.Event()
+    with caplog.at_level(logging.ERROR):
+        task = asyncio.create_task(agent.run(stop, interval_seconds=0.01))
+        await asyncio.sleep(0.1)
+        stop.set()
+        await task
+    assert caplog.text.count("tick failed") >= 2  # it kept ticking
+    assert probe.closed
+
+
+def test_durations() -> None:
+    assert duration("5s") == 5.0
+    assert duration("500ms") == 0.5
+    assert duration("2m") == 120.0
+    assert duration("7") == 7.0
+    for bad in ("5x", "-1s", "0s", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"duration|positive"):
+            duration(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["agent"], "--node-name is required"),
+        (
+            ["agent", "--node-name", "n", "--sim-gpus", "1x40Gi"],
+            "--sim-gpus needs --backend simulated",
+        ),
+        (["agent", "--node-name", "n", "--backend", "simulated", "--sim-gpus", "40Gi"], "GPU spec"),
+        (["agent", "--node-name", "n", "--guard-grace", "0"], "--guard-grace"),
+    ],
+)
+def test_command_line_errors_exit_2(
+    argv: list[str], message: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 2
+    assert message in caplog.text
