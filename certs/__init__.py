@@ -1,0 +1,1 @@
+"""Certificates for the webhook: a private CA, the serving cert, caBundle injection."""

@@ -1,0 +1,83 @@
+"""``headroom webhook``: serve the mutating admission webhook over HTTPS.
+
+Reads the serving certificate from --cert-dir (tls.crt, tls.key, as a
+kubernetes.io/tls Secret mounts them) and reloads it when the files change.
+Watches namespaces, GPUSharingPolicies and MIG-capable nodes; /readyz answers
+503 until those caches have synced.
+"""
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "webhook",
+        help="serve the mutating admission webhook (HTTPS: /mutate /healthz /readyz /metrics)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--cert-dir",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="directory with tls.crt and tls.key (see: headroom certs generate)",
+    )
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--no-node-watch",
+        dest="watch_nodes",
+        action="store_false",
+        help="do not watch MIG-capable nodes; MIG choices then use the built-in profile table "
+        "(and the webhook needs no access to nodes)",
+    )
+    parser.add_argument(
+        "--cert-check-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often to look for a rotated certificate (default 10)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kube.config import KubeConfigError
+    from webhook.service import Settings, serve
+    from webhook.tls import CertificateError
+
+    if not 0 < args.port < 65536:
+        log.error("--port %d: not a TCP port", args.port)
+        return 2
+    settings = Settings(
+        cert_dir=args.cert_dir,
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        watch_nodes=args.watch_nodes,
+        cert_check_seconds=max(args.cert_check_interval, 0.1),
+    )
+    try:
+        asyncio.run(serve(settings))
+    except CertificateError as err:
+        log.error("--cert-dir %s: %s (see: headroom certs generate)", args.cert_dir, err)
+        return 2
+    except KubeConfigError as err:
+        log.error("%s", err)
+        return 2
+    except OSError as err:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, err)
+        return 1
+    return 0

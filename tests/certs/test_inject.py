@@ -1,0 +1,66 @@
+"""caBundle injection: the CA check and the JSON Patch, applied with ``jsonpatch``.
+(The call against a real apiserver runs in the e2e suite.)"""
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from certs.generate import generate
+from certs.inject import InjectError, ca_bundle_patch, read_ca
+
+
+def configuration(webhooks: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "headroom", "resourceVersion": "4711"},
+        "webhooks": [
+            {
+                "name": f"pods-{i}.headroom.dev",
+                "clientConfig": {"service": {"name": "headroom-webhook", "namespace": "hs"}},
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+            }
+            for i in range(webhooks)
+        ],
+    }
+
+
+def test_every_webhook_gets_the_bundle_and_the_patch_tests_the_version(tmp_path: Path) -> None:
+    generate(tmp_path, service="headroom-webhook", namespace="hs")
+    ca = read_ca((tmp_path / "ca.crt").read_bytes(), "ca.crt")
+    original = configuration(2)
+    original["webhooks"][1]["clientConfig"]["caBundle"] = "b2xk"  # replaced, not kept
+    ops = ca_bundle_patch(original, ca)
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "4711"}
+    result = jsonpatch.apply_patch(original, ops)
+    for webhook in result["webhooks"]:
+        assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca
+        assert webhook["clientConfig"]["service"]["name"] == "headroom-webhook"
+
+
+def test_a_stale_version_makes_the_patch_fail() -> None:
+    ops = ca_bundle_patch(configuration(1), b"pem")
+    newer = configuration(1)
+    newer["metadata"]["resourceVersion"] = "4712"
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(newer, ops)
+
+
+def test_a_configuration_without_webhooks_is_an_error() -> None:
+    with pytest.raises(InjectError, match="no webhooks"):
+        ca_bundle_patch(configuration(0), b"pem")
+
+
+def test_a_serving_certificate_is_not_a_ca(tmp_path: Path) -> None:
+    generate(tmp_path, service="w", namespace="n")
+    with pytest.raises(InjectError, match="not a CA"):
+        read_ca((tmp_path / "tls.crt").read_bytes(), "tls.crt")
+
+
+def test_text_that_is_no_certificate_is_an_error() -> None:
+    with pytest.raises(InjectError, match="no PEM certificate"):
+        read_ca(b"hello", "ca.crt")

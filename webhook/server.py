@@ -1,0 +1,128 @@
+"""The HTTP side of the webhook: ``POST /mutate``, health, readiness, metrics.
+
+The server knows one function type, :data:`Reviewer`: an AdmissionRequest in,
+a :class:`~webhook.review.Verdict` out. It reads and caps the body, parses the
+envelope, and turns every failure into an answer the apiserver and a person
+can read: a 400/413 ``Status`` when there is no uid to answer to, otherwise an
+AdmissionReview denial naming the problem. Never an aiohttp 500 page.
+"""
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    ReviewError,
+    Verdict,
+    parse_request,
+    response_body,
+)
+
+log = logging.getLogger(__name__)
+
+Reviewer = Callable[[AdmissionRequest], Awaitable[Verdict]]
+NotReady = Callable[[], list[str]]
+"""Names of whatever is not ready yet (caches not synced); empty when ready."""
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The apiserver caps an object at 3 MiB; the review adds its envelope
+(userInfo, options). Anything larger is not from an apiserver."""
+
+JSON = "application/json"
+
+
+def create_app(
+    review: Reviewer,
+    *,
+    metrics: WebhookMetrics,
+    not_ready: NotReady = list,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    endpoints = _Endpoints(review, metrics, not_ready, max_body_bytes)
+    app.router.add_post("/mutate", endpoints.mutate)
+    app.router.add_get("/healthz", endpoints.healthz)
+    app.router.add_get("/readyz", endpoints.readyz)
+    app.router.add_get("/metrics", endpoints.metrics)
+    return app
+
+
+def status_body(code: int, reason: str, message: str) -> bytes:
+    """A ``meta/v1`` Status, the error shape every Kubernetes client understands."""
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return json.dumps(status).encode()
+
+
+class _Endpoints:
+    def __init__(
+        self, review: Reviewer, metrics: WebhookMetrics, not_ready: NotReady, max_body: int
+    ) -> None:
+        self._review = review
+        self._metrics = metrics
+        self._not_ready = not_ready
+        self._max_body = max_body
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > self._max_body:
+            return self._too_large(request.content_length)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large(None)
+        started = time.perf_counter()
+        code, payload, outcome, policy = await self._answer(body)
+        self._metrics.observe(outcome, policy, time.perf_counter() - started)
+        return web.Response(status=code, body=payload, content_type=JSON)
+
+    async def _answer(self, body: bytes) -> tuple[int, bytes, str, str]:
+        uid: str | None = None
+        try:
+            admission = parse_request(body)
+            uid = admission.uid
+            verdict = await self._review(admission)
+            return 200, response_body(verdict.response), verdict.outcome, verdict.policy
+        except ReviewError as err:
+            log.info("bad AdmissionReview (uid %s): %s", err.uid, err)
+            if err.uid is None:
+                return 400, status_body(400, "BadRequest", str(err)), "bad-request", ""
+            denial = AdmissionResponse.deny(err.uid, 400, f"headroom webhook: {err}")
+            return 200, response_body(denial), "bad-request", ""
+        except Exception as err:  # a bug must deny one pod, not crash the server
+            log.exception("admission failed (uid %s)", uid)
+            message = f"headroom webhook: internal error ({type(err).__name__}); see its log"
+            if uid is None:
+                return 400, status_body(400, "BadRequest", message), "error", ""
+            return 200, response_body(AdmissionResponse.deny(uid, 500, message)), "error", ""
+
+    def _too_large(self, length: int | None) -> web.Response:
+        size = f"{length} bytes" if length is not None else "the body"
+        message = f"{size} exceeds the {self._max_body}-byte limit for an AdmissionReview"
+        self._metrics.observe("too-large", "", 0.0)
+        return web.Response(
+            status=413, body=status_body(413, "RequestEntityTooLarge", message), content_type=JSON
+        )
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        waiting = self._not_ready()
+        if waiting:
+            return web.Response(status=503, text=f"waiting for: {', '.join(waiting)}")
+        return web.Response(text="ok")
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})

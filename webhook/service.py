@@ -1,0 +1,100 @@
+"""The running webhook: cache, admission, HTTPS server and certificate reload, wired."""
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from cryptography import x509
+
+from kube.config import api_client
+from webhook.admission import Admission
+from webhook.cache import ClusterCache
+from webhook.metrics import WebhookMetrics
+from webhook.review import AdmissionRequest, AdmissionResponse, Verdict
+from webhook.server import Reviewer, create_app
+from webhook.tls import ReloadingContext
+
+log = logging.getLogger(__name__)
+
+ReloadHook = Callable[[bool, x509.Certificate | None], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    cert_dir: Path
+    host: str = "0.0.0.0"
+    port: int = 8443
+    kubeconfig: str | None = None
+    watch_nodes: bool = True
+    cert_check_seconds: float = 10.0
+    shutdown_delay_seconds: float = 2.0
+    """After SIGTERM, keep serving while the endpoint is withdrawn: the
+    apiserver may still send a request or two to this address."""
+
+
+def reviewer(cache: ClusterCache, admission: Admission) -> Reviewer:
+    async def review(request: AdmissionRequest) -> Verdict:
+        try:
+            labels = await cache.labels_for(request.namespace) if request.namespace else {}
+        except LookupError as err:
+            # Deny: the ReplicaSet controller retries, and a pod is never let
+            # through unmutated because of a watch that lags.
+            return Verdict(AdmissionResponse.deny(request.uid, 503, str(err)), "error")
+        return admission.review(request, labels)
+
+    return review
+
+
+def certificate_metrics(metrics: WebhookMetrics) -> ReloadHook:
+    def on_reload(ok: bool, certificate: x509.Certificate | None) -> None:
+        metrics.certificate_reloads.labels("ok" if ok else "error").inc()
+        if certificate is not None:
+            metrics.certificate_expiry.set(certificate.not_valid_after_utc.timestamp())
+
+    return on_reload
+
+
+async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or ``stopping`` is set).
+
+    Raises CertificateError / KubeConfigError on bad setup, before listening.
+    """
+    metrics = WebhookMetrics()
+    tls = ReloadingContext(settings.cert_dir, on_reload=certificate_metrics(metrics))
+    metrics.certificate_expiry.set(tls.certificate.not_valid_after_utc.timestamp())
+    cache = ClusterCache(watch_nodes=settings.watch_nodes)
+    cache.start(api_client(settings.kubeconfig))
+    metrics.invalid_policies.set_function(lambda: len(cache.invalid_policies))
+
+    stopping = stopping or asyncio.Event()
+    app = create_app(
+        reviewer(cache, Admission(cache)),
+        metrics=metrics,
+        not_ready=lambda: ["shutdown"] if stopping.is_set() else cache.not_synced(),
+    )
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=tls.context)
+    await site.start()
+    watcher = asyncio.create_task(tls.watch(settings.cert_check_seconds))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    log.info("headroom webhook serving https://%s:%d/mutate", settings.host, settings.port)
+    try:
+        await stopping.wait()
+        log.info("stopping: answering for %.1fs more", settings.shutdown_delay_seconds)
+        await asyncio.sleep(settings.shutdown_delay_seconds)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        cache.stop()
+        await runner.cleanup()

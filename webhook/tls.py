@@ -1,0 +1,128 @@
+"""The serving certificate, reloaded from disk when a rotated Secret lands.
+
+The listening socket keeps one front :class:`ssl.SSLContext` for its whole
+life; its SNI callback, which OpenSSL runs during every handshake (with or
+without a server name), hands the connection the newest context. So a new
+certificate takes effect for the next handshake, while connections already
+open -- and requests in flight on them -- carry on with the old one.
+
+A new pair is committed only when it loads as a matching cert and key and the
+files did not change while loading: a half-written rotation (new cert, old
+key) is retried on the next tick, and the old certificate stays in service.
+"""
+
+import asyncio
+import logging
+import os
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography import x509
+
+log = logging.getLogger(__name__)
+
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+"""The key names of a ``kubernetes.io/tls`` Secret, as mounted in the pod."""
+
+Signature = tuple[tuple[int, int, int], ...]
+
+
+class CertificateError(RuntimeError):
+    """The certificate directory holds no usable pair; the message says which file."""
+
+
+def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A server context with TLS >= 1.2 and Python's secure cipher defaults."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except FileNotFoundError as err:
+        raise CertificateError(f"{err.filename or cert_file}: no such file") from err
+    except (ssl.SSLError, OSError) as err:
+        raise CertificateError(
+            f"{cert_file} / {key_file}: not a matching PEM certificate and key ({err})"
+        ) from err
+    return context
+
+
+class ReloadingContext:
+    """``context`` for the server socket; :meth:`watch` polls ``cert_dir`` for changes."""
+
+    def __init__(
+        self,
+        cert_dir: Path,
+        *,
+        on_reload: Callable[[bool, x509.Certificate | None], None] | None = None,
+    ) -> None:
+        self.cert_file = cert_dir / CERT_FILE
+        self.key_file = cert_dir / KEY_FILE
+        self._on_reload = on_reload
+        signature = self._signature()
+        self.context = server_context(self.cert_file, self.key_file)
+        self.context.sni_callback = self._select
+        self._current = self.context
+        self._signature_loaded = signature
+        self.certificate = self._read_certificate()
+
+    def _select(self, connection: ssl.SSLObject, server_name: str | None, _: object) -> None:
+        # Runs inside the handshake: only swap the context, nothing that may fail.
+        current = self._current
+        if connection.context is not current:
+            connection.context = current
+
+    def reload_if_changed(self) -> bool:
+        """Load the files if they changed since the last good load; True if a new pair is live."""
+        before = self._signature()
+        if before == self._signature_loaded:
+            return False
+        try:
+            fresh = server_context(self.cert_file, self.key_file)
+            certificate = self._read_certificate()
+        except CertificateError as err:
+            log.warning("certificate not reloaded (will retry): %s", err)
+            self._notify(False, None)
+            return False
+        if self._signature() != before:
+            return False  # changed while loading: the next tick loads the settled files
+        self._current = fresh
+        self._signature_loaded = before
+        self.certificate = certificate
+        log.info(
+            "serving certificate reloaded: serial %x, valid until %s",
+            certificate.serial_number,
+            certificate.not_valid_after_utc.isoformat(),
+        )
+        self._notify(True, certificate)
+        return True
+
+    async def watch(self, interval: float = 10.0) -> None:
+        """Poll until cancelled. Kubernetes updates a mounted Secret within about a
+        minute, so seconds of polling add nothing noticeable and cost nothing."""
+        while True:
+            await asyncio.sleep(interval)
+            self.reload_if_changed()
+
+    def _notify(self, ok: bool, certificate: x509.Certificate | None) -> None:
+        if self._on_reload is not None:
+            self._on_reload(ok, certificate)
+
+    def _signature(self) -> Signature:
+        # stat() follows the ..data symlink a Secret volume swaps atomically.
+        parts = []
+        for path in (self.cert_file, self.key_file):
+            try:
+                info = os.stat(path)
+            except OSError:
+                parts.append((0, 0, 0))
+            else:
+                parts.append((info.st_ino, info.st_mtime_ns, info.st_size))
+        return tuple(parts)
+
+    def _read_certificate(self) -> x509.Certificate:
+        try:
+            return x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+        except (OSError, ValueError) as err:
+            raise CertificateError(f"{self.cert_file}: not a PEM certificate ({err})") from err
