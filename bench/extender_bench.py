@@ -1,0 +1,173 @@
+"""Benchmark (not a test): filter + prioritize latency of the extender at 1k, 5k, 15k nodes.
+
+Each size runs two servers built the same way (the real aiohttp app, wire
+models and state) on 127.0.0.1: Headroom's extender over a state pre-populated
+with GPU nodes, pods and fresh GPUNodeReports, and a *floor* extender that
+parses the same request and passes every node with score 0. One request pair
+is what kube-scheduler sends per pod with ``nodeCacheCapable: true``: /filter
+with every candidate's name, then /prioritize with the survivors.
+
+Between requests a few reports change (as agents heartbeat), so the lazy
+re-accounting of touched nodes is inside the timed requests. Request bodies are
+pre-encoded and responses are read but not parsed, so the figures are the
+server's work plus a loopback round trip (client and server share one core).
+
+Prints a table, then one JSON object on its last line (5,000-node figures at
+the top level). Run: ``.venv/bin/python bench/extender_bench.py [--rounds N]``.
+"""
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from extender.server import make_app
+from extender.state import ClusterState
+from extender.verbs import Extender
+from extender.wire import ExtenderArgs, ExtenderFilterResult
+from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
+
+SIZES = (1000, 5000, 15000)
+CHURN_PER_REQUEST = 5
+
+
+class FloorExtender(Extender):
+    """Same parsing and serving, no decisions: every node passes with score 0."""
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        names = args.NodeNames or []
+        return ExtenderFilterResult.model_construct(
+            Nodes=None, NodeNames=names, FailedNodes={}, FailedAndUnresolvableNodes={}, Error=""
+        )
+
+    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
+        return [(name, 0) for name in args.NodeNames or []]
+
+
+async def _refuse_binds(namespace: str, name: str, uid: str, node: str) -> None:
+    raise AssertionError("the benchmark does not bind")
+
+
+def populate(state: ClusterState, size: int, rng: random.Random) -> list[dict[str, Any]]:
+    """GPU nodes with 1-8 GPUs, 0-3 pods each, and a fresh report per node."""
+    reports = []
+    for i in range(size):
+        name = f"gpu-{i:05d}"
+        gpus = rng.choice((1, 1, 2, 4, 8))
+        state.on_node("ADDED", gpu_node(name, gpus=gpus))
+        usage: dict[int, dict[str, int]] = {g: {} for g in range(gpus)}
+        for p in range(rng.randint(0, 3)):
+            pod = gpu_pod(f"w-{i}-{p}", node=name, declared=f"{rng.choice((4, 8, 10, 16))}Gi")
+            state.on_pod("ADDED", pod)
+            usage[rng.randrange(gpus)][uid_of(pod)] = rng.randint(1, 20) * GIB
+        report = gpu_report(name, usage, unattributed={0: rng.randint(0, 4) * GIB})
+        state.on_report("ADDED", report)
+        reports.append(report)
+    return reports
+
+
+async def measure(
+    extender: Extender, names: list[str], rounds: int, churn: list[dict[str, Any]]
+) -> list[float]:
+    pod = gpu_pod("bench", declared="10Gi")
+    filter_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+    runner = web.AppRunner(make_app(extender), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Content-Type": "application/json"}
+    timings = []
+    rng = random.Random(7)
+    try:
+        async with ClientSession() as session:
+            for round_ in range(rounds + 5):  # the first few warm up
+                for report in rng.sample(churn, min(CHURN_PER_REQUEST, len(churn))):
+                    extender.state.on_report("MODIFIED", report)
+                started = time.perf_counter()
+                async with session.post(f"{url}/filter", data=filter_body, headers=headers) as r:
+                    body = await r.read()
+                passed = json.loads(body)["NodeNames"] if round_ == 0 else None
+                if passed is not None:
+                    prioritize_body = json.dumps(
+                        {"Pod": pod, "Nodes": None, "NodeNames": passed}
+                    ).encode()
+                async with session.post(
+                    f"{url}/prioritize", data=prioritize_body, headers=headers
+                ) as r:
+                    await r.read()
+                if round_ >= 5:
+                    timings.append((time.perf_counter() - started) * 1000)
+    finally:
+        await runner.cleanup()
+    return timings
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def bench_size(size: int, rounds: int) -> dict[str, float]:
+    rng = random.Random(size)
+    state = ClusterState(margin=512 * 2**20, stale_after=1e9)
+    churn = populate(state, size, rng)
+    gc.collect()
+    gc.freeze()  # as extender/service.py does once the caches have synced
+    names = sorted(state.nodes)
+    headroom = Extender(state, _refuse_binds)
+    floor = FloorExtender(ClusterState(margin=0, stale_after=1e9), _refuse_binds)
+    ours = await measure(headroom, names, rounds, churn)
+    base = await measure(floor, names, rounds, [])
+    passed = sum(
+        1 for n in names if (a := state.account(n)) is not None and a.shared_headroom >= 10 * GIB
+    )
+    return {
+        "nodes": size,
+        "feasible": passed,
+        "p50_ms": round(statistics.median(ours), 3),
+        "p99_ms": round(percentile(ours, 0.99), 3),
+        "floor_p50_ms": round(statistics.median(base), 3),
+        "floor_p99_ms": round(percentile(base, 0.99), 3),
+    }
+
+
+async def main(rounds: int) -> None:
+    rows = []
+    for size in SIZES:
+        rows.append(await bench_size(size, rounds if size <= 5000 else max(rounds // 3, 30)))
+    print(
+        f"{'nodes':>6} {'feasible':>8} {'p50 ms':>8} {'p99 ms':>8} {'floor p50':>10} "
+        f"{'floor p99':>10} {'p99 ratio':>9}"
+    )
+    for row in rows:
+        ratio = row["p99_ms"] / row["floor_p99_ms"]
+        print(
+            f"{row['nodes']:>6} {row['feasible']:>8} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+            f"{row['floor_p50_ms']:>10.2f} {row['floor_p99_ms']:>10.2f} {ratio:>9.2f}"
+        )
+    headline = next(row for row in rows if row["nodes"] == 5000)
+    summary = {
+        "benchmark": "extender filter+prioritize, nodeCacheCapable true",
+        **{k: v for k, v in headline.items() if k != "feasible"},
+        "p99_ratio": round(headline["p99_ms"] / headline["floor_p99_ms"], 2),
+        "sizes": rows,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300, help="timed request pairs per size")
+    asyncio.run(main(parser.parse_args().rounds))

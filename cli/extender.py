@@ -1,0 +1,98 @@
+"""``headroom extender``: the kube-scheduler extender (HTTP: /filter /prioritize /bind).
+
+Watches nodes, GPU pods and GPUNodeReports; filters out nodes whose GPU lacks
+the memory a pod declared, scores the rest (binpack or spread), and binds,
+re-checking fit first. Also serves /healthz, /readyz (503 until the watches
+have listed), /metrics and /state (the accounting as JSON).
+
+Configure kube-scheduler with managedResources nvidia.com/gpu.shared and every
+nvidia.com/mig-<profile> your nodes offer, nodeCacheCapable: true, and this
+extender as the binder (bindVerb: bind).
+"""
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from cli.agent import duration
+from headroom.quantity import QuantityError, parse_bytes
+
+log = logging.getLogger(__name__)
+
+
+def memory(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except QuantityError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "extender",
+        help="serve the kube-scheduler extender (HTTP: /filter /prioritize /bind /state)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--port", type=int, default=8888, help="HTTP port (default 8888)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; use 0.0.0.0 in a Pod)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=memory,
+        default=512 * 2**20,
+        metavar="QUANTITY",
+        help="GPU memory kept free on every GPU, e.g. 512Mi, 1Gi (default 512Mi)",
+    )
+    parser.add_argument(
+        "--report-stale-after",
+        type=duration,
+        default=90.0,
+        metavar="DURATION",
+        help="a GPUNodeReport older than this is ignored in favour of declarations "
+        "(default 90s: three of the agent's default 30s heartbeats)",
+    )
+    parser.add_argument(
+        "--assume-ttl",
+        type=duration,
+        default=60.0,
+        metavar="DURATION",
+        help="how long a bind holds its pod on a node before the pod watch confirms it "
+        "(default 60s)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from extender.service import Settings, serve
+    from kube.config import KubeConfigError
+
+    if not 0 < args.port < 65536:
+        log.error("--port %d: not a TCP port", args.port)
+        return 2
+    settings = Settings(
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        margin_bytes=args.margin,
+        stale_after_seconds=args.report_stale_after,
+        assume_ttl_seconds=args.assume_ttl,
+    )
+    try:
+        asyncio.run(serve(settings))
+    except KubeConfigError as err:
+        log.error("%s", err)
+        return 2
+    except OSError as err:
+        log.error("cannot serve on %s:%d: %s", args.host, args.port, err)
+        return 1
+    return 0

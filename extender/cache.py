@@ -1,0 +1,58 @@
+"""The extender's watches: nodes, pods and GPUNodeReports into one ClusterState.
+
+Pods are watched cluster-wide minus terminated ones (a field selector, so a
+pod that finishes arrives as DELETED); the state keeps only GPU pods. The
+extender is ready once every watch has listed once.
+"""
+
+import functools
+
+from kubernetes import client
+
+from extender.state import ClusterState
+from headroom import names
+from kube.informer import Informer
+
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class Caches:
+    def __init__(self, api: client.ApiClient, state: ClusterState) -> None:
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        version = names.API_VERSION.split("/", 1)[1]
+        list_reports = functools.partial(
+            custom.list_cluster_custom_object, names.GROUP, version, names.REPORT_PLURAL
+        )
+        self.informers = (
+            Informer(
+                core.list_node, name="nodes", handler=state.on_node, on_resync=state.on_resync
+            ),
+            Informer(
+                core.list_pod_for_all_namespaces,
+                name="pods",
+                handler=state.on_pod,
+                on_resync=state.on_resync,
+                field_selector=LIVE_PODS,
+            ),
+            Informer(
+                list_reports,
+                name=names.REPORT_PLURAL,
+                handler=state.on_report,
+                on_resync=state.on_resync,
+            ),
+        )
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+    def ready(self) -> bool:
+        return all(informer.synced.is_set() for informer in self.informers)
+
+    def unsynced(self) -> list[str]:
+        return [i.name for i in self.informers if not i.synced.is_set()]

@@ -1,0 +1,197 @@
+"""The extender's HTTP shell: read a capped body, validate the wire model, call a verb.
+
+kube-scheduler treats any status but 200 as a transport error and drops the
+message, so a request it sent that we cannot use is answered 200 with
+``Error`` (filter, bind) where the protocol has one; a body that is not JSON
+at all gets 400. Nothing reaches the client as a 500: an unexpected exception
+is logged and answered like a bad request, with the exception's type.
+"""
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from pydantic import BaseModel
+
+from extender.verbs import CandidateError, Extender
+from extender.wire import (
+    BadShape,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    NotJSON,
+    host_priority_list_json,
+    parse,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 2**20
+"""Room for a NodeList of some thousands of nodes (``nodeCacheCapable: false``)."""
+JSON = "application/json"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Answered = tuple[web.Response, str]
+"""A response and its outcome label for the metrics."""
+Answer = Callable[[bytes], Awaitable[Answered]]
+
+
+class Metrics:
+    def __init__(self, extender: Extender) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "headroom_extender_requests",
+            "Scheduler requests by verb and outcome",
+            ["verb", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "headroom_extender_request_seconds",
+            "Time to answer a scheduler request",
+            ["verb"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0),
+            registry=self.registry,
+        )
+        assumed = Gauge(
+            "headroom_extender_assumed_pods",
+            "Pods held on a node by a bind not yet seen in the pod cache",
+            registry=self.registry,
+        )
+        assumed.set_function(lambda: len(extender.state.assumed))
+        nodes = Gauge(
+            "headroom_extender_nodes", "Nodes in the extender's cache", registry=self.registry
+        )
+        nodes.set_function(lambda: len(extender.state.nodes))
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Application:
+    metrics = Metrics(extender)
+    app = web.Application(client_max_size=max_body, middlewares=[_never_500])
+    app[METRICS] = metrics
+
+    def verb(name: str, answer: Answer, *, has_error: bool = True) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            started = time.perf_counter()
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                # Filter and bind carry an Error field the scheduler logs; prioritize does not.
+                message = f"request body over {max_body} bytes"
+                response, outcome = _error(message, 200 if has_error else 413), "too-large"
+            else:
+                response, outcome = await answer(body)
+            metrics.requests.labels(name, outcome).inc()
+            metrics.latency.labels(name).observe(time.perf_counter() - started)
+            return response
+
+        return handle
+
+    async def filter_(body: bytes) -> Answered:
+        try:
+            args = parse(ExtenderArgs, body)
+        except NotJSON as err:
+            return _error(str(err), 400), "not-json"
+        except BadShape as err:
+            bad = ExtenderFilterResult(NodeNames=[], Error=f"ExtenderArgs: {err}")
+            return _model(bad), "bad-request"
+        result = extender.filter(args)
+        return _model(result), "error" if result.Error else "ok"
+
+    async def prioritize(body: bytes) -> Answered:
+        try:
+            scores = extender.prioritize(parse(ExtenderArgs, body))
+        except NotJSON as err:
+            return _error(str(err), 400), "not-json"
+        except (BadShape, CandidateError) as err:
+            # The protocol's answer is a bare list: no room for an error but the status.
+            return _error(f"ExtenderArgs: {err}", 400), "bad-request"
+        return web.Response(body=host_priority_list_json(scores), content_type=JSON), "ok"
+
+    async def bind(body: bytes) -> Answered:
+        try:
+            args = parse(ExtenderBindingArgs, body)
+        except NotJSON as err:
+            return _error(str(err), 400), "not-json"
+        except BadShape as err:
+            bad = ExtenderBindingResult(Error=f"ExtenderBindingArgs: {err}")
+            return _model(bad), "bad-request"
+        result = await extender.bind(args)
+        return _model(result), "refused" if result.Error else "ok"
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if extender.ready():
+            return web.Response(text="ok\n")
+        return web.Response(text="caches not synced\n", status=503)
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def state(request: web.Request) -> web.Response:
+        only = request.query.get("node")
+        return web.json_response(state_view(extender, only), dumps=_dumps)
+
+    app.router.add_post("/filter", verb("filter", filter_))
+    app.router.add_post("/prioritize", verb("prioritize", prioritize, has_error=False))
+    app.router.add_post("/bind", verb("bind", bind))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/state", state)
+    return app
+
+
+def state_view(extender: Extender, only: str | None = None) -> dict[str, Any]:
+    """The accounting as JSON: what ``/state`` serves and ``headroom top`` prints."""
+    state = extender.state
+    now = state.clock()
+    state.refresh(now)
+    names = [only] if only else sorted(state.nodes)
+    nodes = {}
+    for name in names:
+        account = state.account(name, now)
+        if account is not None:
+            nodes[name] = dataclasses.asdict(account)
+    return {
+        "ready": extender.ready(),
+        "marginBytes": state.margin,
+        "staleAfterSeconds": state.stale_after,
+        "assumed": {claim.key: claim.node for claim, _ in state.assumed.values()},
+        "nodes": nodes,
+    }
+
+
+@web.middleware
+async def _never_500(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as err:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(f"headroom extender internal error: {type(err).__name__}: {err}", 200)
+
+
+def _model(model: BaseModel) -> web.Response:
+    return web.Response(body=model.__pydantic_serializer__.to_json(model), content_type=JSON)
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.Response(body=json.dumps({"Error": message}), status=status, content_type=JSON)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,267 @@
+"""What the extender knows: GPU nodes, GPU pods, agent reports, and pods being bound.
+
+Fed by the informers' event handlers (on the event loop) and read by the verbs
+on the same loop, so nothing here takes a lock: every method runs to completion
+between awaits. Each node's account (:func:`headroom.accounting.account_node`)
+is computed when first asked for after an event touched that node, or when the
+report behind it turned stale, and then reused: a filter over N nodes is N
+dictionary lookups and comparisons, not N accountings.
+
+A bind *assumes* its pod on the node before it calls the apiserver, so that a
+second bind racing it sees the first pod charged. The assumption ends when the
+pod cache shows the pod bound (or gone), when the bind fails, or after
+``assume_ttl`` seconds.
+"""
+
+import heapq
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from headroom.accounting import NodeAccount, account_node
+from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
+from headroom.nodes import NodeGPUs, parse_node
+from headroom.placement import Fit, fit
+from headroom.podspec import PodError
+from headroom.reports import ReportStatus, parse_report
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+PENDING_MEMORY = 10_000
+"""Pods remembered from filter requests, for a bind that outruns the pod watch."""
+
+
+class ClusterState:
+    def __init__(
+        self,
+        *,
+        margin: int,
+        stale_after: float,
+        assume_ttl: float = 60.0,
+        clock: Clock = time.time,
+    ) -> None:
+        self.margin = margin
+        self.stale_after = stale_after
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.nodes: dict[str, NodeGPUs] = {}
+        self.reports: dict[str, ReportStatus] = {}
+        self.pods: dict[str, PodClaim] = {}
+        """Every GPU pod the cache holds, by UID."""
+        self.assumed: dict[str, tuple[PodClaim, float]] = {}
+        """UID -> (claim on its node, deadline) for binds not yet seen in the cache."""
+        self._on_node: dict[str, dict[str, PodClaim]] = {}
+        self._accounts: dict[str, NodeAccount] = {}
+        self.shared_headroom: dict[str, int] = {}
+        """Node -> headroom for a shared pod, for every cached account: the filter's index."""
+        self.shared_room: dict[str, tuple[int, int]] = {}
+        """Node -> (shared headroom, total of its tightest GPU): prioritize's index."""
+        self._dirty: set[str] = set()
+        """Nodes whose account an event invalidated since the last :meth:`prepare`."""
+        self._stale_heap: list[tuple[float, str]] = []
+        self._pending: OrderedDict[str, PodClaim] = OrderedDict()
+
+    # --- informer events ----------------------------------------------------
+
+    def on_node(self, kind: str, obj: Mapping[str, Any]) -> None:
+        node = parse_node(obj)
+        if not node.name:
+            return
+        if kind == "DELETED":
+            self.nodes.pop(node.name, None)
+        else:
+            self.nodes[node.name] = node
+        self._touch(node.name)
+
+    def on_report(self, kind: str, obj: Mapping[str, Any]) -> None:
+        metadata = obj.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
+        if not isinstance(name, str) or not name:
+            return
+        if kind == "DELETED":
+            self.reports.pop(name, None)
+        else:
+            try:
+                self.reports[name] = parse_report(dict(obj))
+            except ValidationError as err:
+                # A report we cannot read must not keep vouching for the node.
+                log.warning("GPUNodeReport %s unreadable, ignored: %s", name, err)
+                self.reports.pop(name, None)
+        self._touch(name)
+
+    def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
+        try:
+            claim = parse_claim(obj)
+        except PodError as err:
+            log.warning("pod %s ignored: %s", _pod_key(obj), err)
+            return
+        if not claim.uid:
+            return
+        if kind == "DELETED" or claim.terminated or not self._interesting(claim, obj):
+            self._drop(claim.uid)
+            return
+        self._drop(claim.uid, keep_pending=True)
+        self.pods[claim.uid] = claim
+        if claim.node:
+            self._on_node.setdefault(claim.node, {})[claim.uid] = claim
+            self._touch(claim.node)
+            # Seen bound: the cache charges it now, the assumption has done its job.
+            self._pending.pop(claim.uid, None)
+            self.forget(claim.uid)
+
+    def on_resync(self) -> None:
+        """After a re-list every account is recomputed from the new contents."""
+        self._accounts.clear()
+        self.shared_headroom.clear()
+        self.shared_room.clear()
+        self._dirty = set(self.nodes)
+
+    # --- accounting ---------------------------------------------------------
+
+    def account(self, name: str, now: float | None = None) -> NodeAccount | None:
+        """The node's account, or None for a node the cache does not hold."""
+        account = self._accounts.get(name)
+        if account is not None:
+            return account
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        account = account_node(
+            node,
+            self.claims_on(name),
+            self.reports.get(name),
+            now=self.clock() if now is None else now,
+            margin=self.margin,
+            stale_after=self.stale_after,
+        )
+        self._accounts[name] = account
+        self.shared_headroom[name] = account.shared_headroom
+        self.shared_room[name] = (account.shared_headroom, account.shared_total)
+        if account.stale_at is not None:
+            heapq.heappush(self._stale_heap, (account.stale_at, name))
+        return account
+
+    def accounts(self) -> Mapping[str, NodeAccount]:
+        """Cached accounts; call :meth:`refresh` first. Missing ones come from :meth:`account`."""
+        return self._accounts
+
+    def prepare(self, now: float) -> None:
+        """Refresh, then recompute the accounts events invalidated: O(changed nodes).
+
+        Afterwards ``shared_headroom`` and ``shared_room`` hold every node the
+        cache knows; a name missing from them is an unknown node.
+        """
+        self.refresh(now)
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            if name in self.nodes and name not in self._accounts:
+                self.account(name, now)
+
+    def refresh(self, now: float) -> None:
+        """Forget accounts whose report turned stale, and assumptions that timed out."""
+        heap = self._stale_heap
+        while heap and heap[0][0] <= now:
+            stale_at, name = heapq.heappop(heap)
+            account = self._accounts.get(name)
+            if account is not None and account.stale_at == stale_at:
+                self._touch(name)
+        expired = [uid for uid, (_, deadline) in self.assumed.items() if deadline <= now]
+        for uid in expired:
+            claim, _ = self.assumed[uid]
+            log.info("assumption of %s on %s timed out", claim.key, claim.node)
+            self.forget(uid)
+
+    def claims_on(self, node: str) -> Iterator[PodClaim]:
+        """Pods bound to ``node`` by the cache, then pods assumed there."""
+        bound = self._on_node.get(node, {})
+        yield from bound.values()
+        for uid, (claim, _) in self.assumed.items():
+            if claim.node == node and uid not in bound:
+                yield claim
+
+    # --- binding ------------------------------------------------------------
+
+    def remember(self, claim: PodClaim) -> None:
+        """Keep a pod seen in a filter request, in case its bind outruns the pod watch."""
+        if not claim.uid:
+            return
+        self._pending[claim.uid] = claim
+        self._pending.move_to_end(claim.uid)
+        while len(self._pending) > PENDING_MEMORY:
+            self._pending.popitem(last=False)
+
+    def lookup(self, uid: str, namespace: str, name: str) -> PodClaim | None:
+        claim = self.pods.get(uid) or self._pending.get(uid)
+        if claim is None and not uid:
+            claim = next(
+                (c for c in self.pods.values() if (c.namespace, c.name) == (namespace, name)),
+                None,
+            )
+        return claim
+
+    def assume(self, claim: PodClaim, node: str) -> Fit:
+        """Check ``claim`` against everything bound or assumed on ``node``, then hold it there.
+
+        Synchronous on purpose: check and record happen with no await between,
+        so concurrent binds to one node are serialised by the event loop.
+        """
+        cached = self.pods.get(claim.uid)
+        if cached is not None and cached.node:
+            if cached.node == node:
+                return Fit(True)
+            return Fit(False, f"pod {claim.key} is already bound to {cached.node}")
+        held = self.assumed.get(claim.uid)
+        if held is not None:
+            if held[0].node == node:
+                return Fit(True)
+            return Fit(False, f"pod {claim.key} is already being bound to {held[0].node}")
+        account = self.account(node)
+        if account is None:
+            return Fit(False, f"node {node} is not in the extender's cache")
+        verdict = fit(account, claim)
+        if verdict.fits:
+            deadline = self.clock() + self.assume_ttl
+            self.assumed[claim.uid] = (replace(claim, node=node), deadline)
+            self._touch(node)
+        return verdict
+
+    def forget(self, uid: str) -> None:
+        held = self.assumed.pop(uid, None)
+        if held is not None:
+            self._touch(held[0].node)
+
+    # --- internals ----------------------------------------------------------
+
+    def _interesting(self, claim: PodClaim, obj: Mapping[str, Any]) -> bool:
+        return claim.wants_gpu or has_headroom_annotations(obj)
+
+    def _drop(self, uid: str, *, keep_pending: bool = False) -> None:
+        old = self.pods.pop(uid, None)
+        if old is not None and old.node:
+            on_node = self._on_node.get(old.node, {})
+            on_node.pop(uid, None)
+            if not on_node:
+                self._on_node.pop(old.node, None)
+            self._touch(old.node)
+        if not keep_pending:
+            self._pending.pop(uid, None)
+            self.forget(uid)
+
+    def _touch(self, node: str) -> None:
+        self._dirty.add(node)
+        self._accounts.pop(node, None)
+        self.shared_headroom.pop(node, None)
+        self.shared_room.pop(node, None)
+
+
+def _pod_key(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "?"
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"

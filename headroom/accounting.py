@@ -1,0 +1,325 @@
+"""GPU memory accounting for one node: what is spoken for, and what is left.
+
+Per GPU ``g`` (DESIGN.md §8)::
+
+    accounted(g) = sum over pods charged to g of max(declared, observed) + unattributed(g)
+    headroom(g)  = total(g) - accounted(g) - margin
+
+*Observed* is what the node agent's latest GPUNodeReport says the pod holds on
+``g``; *unattributed* is memory NVML sees that belongs to no pod; pods the
+report shows that Headroom does not know are charged what they hold.
+
+Multi-GPU nodes. The NVIDIA device plugin, not the scheduler, picks which GPU
+backs a shared replica, and Headroom cannot steer it. So the rule is:
+
+* a pod the fresh report shows on a GPU (and that asked for one replica) is
+  charged to that GPU only;
+* every other shared pod -- not started, holding no memory yet, or asking for
+  more than one replica -- is charged to **every** GPU of its node;
+* a new pod fits only if its declared memory fits the **tightest** GPU
+  (:attr:`NodeAccount.tightest`), whichever GPU it gets.
+
+So the memory declared by the pods that can be on a GPU never exceeds that
+GPU's total minus the margin, wherever the device plugin puts them. The price
+is pessimism on nodes with many GPUs until the agent locates pods.
+
+Missing or stale reports (older than ``stale_after``, or NVML unavailable): the
+totals come from the ``nvidia.com/gpu.memory`` label (never above what a stale
+report said), every pod is charged to every GPU, by its declaration or by the
+most a stale report saw it hold, whichever is more; nothing a stale report says
+can raise headroom above the declarations-only figure.
+
+Pods without a declaration (not mutated by the webhook) count by observation
+only: nothing until the agent sees them hold memory.
+
+MIG pods are counted against slices, not GPU memory: a profile's free slices
+are its node capacity minus the slices bound and assumed pods ask for.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+from headroom.claims import PodClaim
+from headroom.nodes import NodeGPUs
+from headroom.quantity import human_bytes
+from headroom.reports import CONDITION_NVML_AVAILABLE, SCHEMA_VERSION, GPUUsage, ReportStatus
+
+Source = Literal["report", "stale-report", "declarations"]
+NO_GPU_HEADROOM = -(2**62)
+"""Headroom of a node with no usable GPU: less than any pod can need."""
+
+
+@dataclass(frozen=True)
+class PodCharge:
+    """One pod's line on one GPU."""
+
+    uid: str
+    key: str
+    """``namespace/name``; for a pod only the report knows, ``namespace/name`` as reported."""
+    declared: int | None
+    observed: int | None
+    """None when no (fresh) report shows the pod on this GPU."""
+    charged: int
+    located: bool
+    """True when the report places the pod on this GPU; False when charged everywhere."""
+    known: bool = True
+    """False for a pod the report shows that the extender's pod cache does not hold."""
+
+
+@dataclass(frozen=True)
+class GPUAccount:
+    index: int
+    product: str
+    total: int
+    declared: int
+    observed: int
+    unattributed: int
+    accounted: int
+    headroom: int
+    pods: tuple[PodCharge, ...] = ()
+    shared: bool = True
+    """False for a GPU in MIG mode: its memory is sliced, shared pods cannot land on it."""
+
+
+@dataclass(frozen=True)
+class MigAccount:
+    profile: str
+    capacity: int
+    used: int
+    memory_bytes: int
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.used, 0)
+
+
+@dataclass(frozen=True)
+class NodeAccount:
+    node: str
+    source: Source
+    note: str
+    """Why the figures are less than measured ("" with a fresh report), for reasons."""
+    margin: int
+    gpus: tuple[GPUAccount, ...] = ()
+    mig: Mapping[str, MigAccount] = field(default_factory=dict)
+    shared_capacity: int = 0
+    stale_at: float | None = None
+    """Epoch seconds at which the report behind these figures turns stale."""
+
+    @cached_property
+    def tightest(self) -> GPUAccount | None:
+        """The shared GPU with the least headroom (lowest index on a tie)."""
+        shared = [gpu for gpu in self.gpus if gpu.shared]
+        return min(shared, key=lambda gpu: gpu.headroom) if shared else None
+
+    # Cached: the filter reads these for every candidate node on every request.
+
+    @cached_property
+    def shared_headroom(self) -> int:
+        """Headroom a new shared pod can count on, whichever GPU it gets."""
+        tightest = self.tightest
+        return NO_GPU_HEADROOM if tightest is None else tightest.headroom
+
+    @cached_property
+    def shared_total(self) -> int:
+        """Total memory of the tightest GPU (0 without one), the scale for scores."""
+        tightest = self.tightest
+        return 0 if tightest is None else tightest.total
+
+    @cached_property
+    def tightest_label(self) -> str:
+        """``gpu 0 NVIDIA-A100-PCIE-40GB``, and its headroom for people: ``6.0 GiB``."""
+        tightest = self.tightest
+        if tightest is None:
+            return ""
+        return f"gpu {tightest.index} {tightest.product}".rstrip()
+
+    @cached_property
+    def shared_headroom_text(self) -> str:
+        return human_bytes(self.shared_headroom)
+
+
+def account_node(
+    node: NodeGPUs,
+    claims: Iterable[PodClaim],
+    report: ReportStatus | None,
+    *,
+    now: float,
+    margin: int,
+    stale_after: float,
+) -> NodeAccount:
+    """Account ``node``'s GPUs for the pods bound or assumed there (``claims``).
+
+    ``now`` is epoch seconds; a report older than ``stale_after`` seconds is stale.
+    """
+    live = [c for c in claims if not c.terminated]
+    source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
+    if node.problems:
+        note = "; ".join(filter(None, (note, *node.problems)))
+    if source == "report":
+        assert report is not None
+        gpus = _measured(node, live, report, margin)
+    else:
+        gpus = _declared_only(node, live, report if source == "stale-report" else None, margin)
+    mig = {
+        profile: MigAccount(
+            profile,
+            slices.capacity,
+            sum(c.mig.get(profile, 0) for c in live),
+            slices.memory_bytes,
+        )
+        for profile, slices in node.mig.items()
+    }
+    return NodeAccount(
+        node=node.name,
+        source=source,
+        note=note,
+        margin=margin,
+        gpus=tuple(gpus),
+        mig=mig,
+        shared_capacity=node.shared_capacity,
+        stale_at=stale_at,
+    )
+
+
+def _freshness(
+    report: ReportStatus | None, *, now: float, stale_after: float
+) -> tuple[Source, str, float | None]:
+    fallback = "declarations and labels only"
+    if report is None:
+        return "declarations", f"no GPUNodeReport from the node agent: {fallback}", None
+    if report.schema_version != SCHEMA_VERSION:
+        version = report.schema_version
+        return "declarations", f"GPUNodeReport schemaVersion {version} unknown: {fallback}", None
+    nvml = report.condition(CONDITION_NVML_AVAILABLE)
+    if nvml is not None and nvml.status == "False":
+        why = nvml.message or nvml.reason or "no reason given"
+        return "declarations", f"node agent reports NVML unavailable ({why}): {fallback}", None
+    observed = report.observed_at.timestamp()
+    age = now - observed
+    if age > stale_after:
+        note = f"GPUNodeReport is {age:.0f}s old (stale after {stale_after:.0f}s): {fallback}"
+        return "stale-report", note, None
+    return "report", "", observed + stale_after
+
+
+def _measured(
+    node: NodeGPUs, claims: list[PodClaim], report: ReportStatus, margin: int
+) -> list[GPUAccount]:
+    reported = {gpu.index: gpu for gpu in report.gpus}
+    indices = sorted(set(range(node.count)) | reported.keys())
+    known = {c.uid: c for c in claims}
+    seen: dict[str, dict[int, int]] = {}
+    for gpu in report.gpus:
+        for usage in gpu.pods:
+            where = seen.setdefault(usage.uid, {})
+            where[gpu.index] = where.get(gpu.index, 0) + usage.used_bytes
+    located = {
+        uid
+        for uid, where in seen.items()
+        if uid in known and known[uid].shared == 1 and any(where.values())
+    }
+    shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
+
+    charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
+    for claim in claims:
+        where = seen.get(claim.uid, {})
+        if claim.uid in located:
+            for index, used in where.items():
+                charge = max(claim.need, used)
+                charges.setdefault(index, []).append(_charge(claim, used, charge, True))
+        elif claim.shared:
+            for index in shared_indices:
+                used = where.get(index, 0)
+                charge = max(claim.need, used)
+                observed = used if index in where else None
+                charges[index].append(_charge(claim, observed, charge, False))
+        else:
+            # A MIG or whole-GPU pod seen on the GPU's own memory: charge what it holds.
+            for index, used in where.items():
+                charges.setdefault(index, []).append(_charge(claim, used, used, True))
+    for gpu in report.gpus:
+        for usage in gpu.pods:
+            if usage.uid not in known:
+                key = f"{usage.namespace}/{usage.name}" if usage.name else usage.uid
+                used = usage.used_bytes
+                charges[gpu.index].append(PodCharge(usage.uid, key, None, used, used, True, False))
+    return [
+        _gpu(
+            index,
+            reported.get(index),
+            node,
+            charges.get(index, []),
+            margin,
+            shared=index in shared_indices,
+        )
+        for index in sorted(charges)
+    ]
+
+
+def _declared_only(
+    node: NodeGPUs, claims: list[PodClaim], stale: ReportStatus | None, margin: int
+) -> list[GPUAccount]:
+    most_seen: dict[str, int] = {}
+    stale_totals: dict[int, int] = {}
+    if stale is not None:
+        for gpu in stale.gpus:
+            stale_totals[gpu.index] = gpu.total_bytes
+            for usage in gpu.pods:
+                most_seen[usage.uid] = max(most_seen.get(usage.uid, 0), usage.used_bytes)
+    shared = [c for c in claims if c.shared]
+    gpus = []
+    for index in range(node.count):
+        total = node.memory_bytes
+        if index in stale_totals:
+            total = min(total, stale_totals[index])
+        pods = [_charge(c, None, max(c.need, most_seen.get(c.uid, 0)), False) for c in shared]
+        declared = sum(p.declared or 0 for p in pods)
+        accounted = sum(p.charged for p in pods)
+        gpus.append(
+            GPUAccount(
+                index,
+                node.product,
+                total,
+                declared,
+                0,
+                0,
+                accounted,
+                total - accounted - margin,
+                tuple(pods),
+            )
+        )
+    return gpus
+
+
+def _gpu(
+    index: int,
+    usage: GPUUsage | None,
+    node: NodeGPUs,
+    pods: list[PodCharge],
+    margin: int,
+    *,
+    shared: bool,
+) -> GPUAccount:
+    total = usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
+    product = node.product or (usage.product if usage is not None else "")
+    unattributed = usage.unattributed_bytes if usage is not None else 0
+    accounted = sum(p.charged for p in pods) + unattributed
+    return GPUAccount(
+        index=index,
+        product=product,
+        total=total,
+        declared=sum(p.declared or 0 for p in pods),
+        observed=sum(p.observed or 0 for p in pods),
+        unattributed=unattributed,
+        accounted=accounted,
+        headroom=total - accounted - margin,
+        pods=tuple(pods),
+        shared=shared,
+    )
+
+
+def _charge(claim: PodClaim, observed: int | None, charged: int, located: bool) -> PodCharge:
+    return PodCharge(claim.uid, claim.key, claim.declared, observed, charged, located)

@@ -1,0 +1,121 @@
+"""The cluster state: informer events, cached accounts, staleness over time, assumptions."""
+
+from extender.state import ClusterState
+from tests.extender.conftest import MARGIN, Clock
+from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
+
+
+def fresh_state() -> tuple[ClusterState, Clock]:
+    clock = Clock()
+    return ClusterState(margin=MARGIN, stale_after=90.0, assume_ttl=60.0, clock=clock), clock
+
+
+def headroom(state: ClusterState, node: str = "gpu-a") -> int:
+    state.refresh(state.clock())
+    account = state.account(node)
+    assert account is not None
+    return account.shared_headroom
+
+
+def test_accounts_follow_pod_events() -> None:
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pod = gpu_pod("sim", node="gpu-a", declared="10Gi")
+    state.on_pod("ADDED", pod)
+    assert headroom(state) == empty - 10 * GIB
+    state.on_pod("MODIFIED", {**pod, "status": {"phase": "Succeeded"}})
+    assert headroom(state) == empty
+    state.on_pod("ADDED", pod)
+    state.on_pod("DELETED", pod)
+    assert headroom(state) == empty
+    assert state.pods == {}
+
+
+def test_pods_without_gpu_or_headroom_annotations_are_not_kept() -> None:
+    state, _ = fresh_state()
+    state.on_pod("ADDED", {"metadata": {"name": "web", "namespace": "d", "uid": "w"}, "spec": {}})
+    state.on_pod("ADDED", {"metadata": {"name": "bad", "uid": "b"}, "spec": {"containers": 1}})
+    assert state.pods == {}
+
+
+def test_report_turns_stale_with_time_alone() -> None:
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    pod = gpu_pod("nb", node="gpu-a", declared="6Gi")
+    state.on_pod("ADDED", pod)
+    state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {uid_of(pod): 2 * GIB}}, unattributed={0: 4 * GIB})
+    )
+    fresh = headroom(state)
+    assert state.account("gpu-a").source == "report"  # type: ignore[union-attr]
+    clock.now += 91
+    stale = headroom(state)
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.source == "stale-report"
+    assert stale == fresh + 4 * GIB  # unattributed no longer trusted; declarations remain
+
+
+def test_unreadable_report_is_dropped() -> None:
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}}))
+    state.on_report("MODIFIED", {"metadata": {"name": "gpu-a"}, "status": {"gpus": "many"}})
+    assert "gpu-a" not in state.reports
+    assert state.account("gpu-a").source == "declarations"  # type: ignore[union-attr]
+
+
+def test_assumption_ends_when_seen_bound_or_after_ttl() -> None:
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    pods = [gpu_pod(f"p{i}", declared="10Gi") for i in range(2)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    claims = [state.lookup(uid_of(p), "research", p["metadata"]["name"]) for p in pods]
+    assert all(c is not None for c in claims)
+    empty = headroom(state)
+    assert state.assume(claims[0], "gpu-a").fits  # type: ignore[arg-type]
+    assert state.assume(claims[1], "gpu-a").fits  # type: ignore[arg-type]
+    assert headroom(state) == empty - 20 * GIB
+    # p0 seen bound: charged once, by the cache.
+    state.on_pod("MODIFIED", {**pods[0], "spec": {**pods[0]["spec"], "nodeName": "gpu-a"}})
+    assert set(state.assumed) == {uid_of(pods[1])}
+    assert headroom(state) == empty - 20 * GIB
+    # p1's bind never shows up: released after the TTL.
+    clock.now += 61
+    assert headroom(state) == empty - 10 * GIB
+    assert state.assumed == {}
+
+
+def test_assume_same_pod_elsewhere_is_refused() -> None:
+    state, _ = fresh_state()
+    for name in ("gpu-a", "gpu-b"):
+        state.on_node("ADDED", gpu_node(name))
+    pod = gpu_pod("p", declared="1Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.lookup(uid_of(pod), "research", "p")
+    assert claim is not None
+    assert state.assume(claim, "gpu-a").fits
+    verdict = state.assume(claim, "gpu-b")
+    assert not verdict.fits
+    assert "already being bound to gpu-a" in verdict.reason
+    assert not state.assume(claim, "nowhere").fits
+
+
+def test_node_deleted_has_no_account() -> None:
+    state, _ = fresh_state()
+    node = gpu_node("gpu-a")
+    state.on_node("ADDED", node)
+    assert state.account("gpu-a") is not None
+    state.on_node("DELETED", node)
+    assert state.account("gpu-a") is None
+
+
+def test_lookup_without_uid_finds_by_name() -> None:
+    state, _ = fresh_state()
+    pod = gpu_pod("p")
+    state.on_pod("ADDED", pod)
+    found = state.lookup("", "research", "p")
+    assert found is not None
+    assert found.uid == uid_of(pod)

@@ -1,0 +1,283 @@
+"""GPU memory accounting: max(declared, observed), unattributed, margin, stale reports,
+multi-GPU nodes and MIG slices."""
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from headroom.accounting import NO_GPU_HEADROOM, NodeAccount, account_node
+from headroom.claims import PodClaim
+from headroom.nodes import MigSlices, NodeGPUs
+from headroom.placement import fit
+from headroom.reports import Condition, GPUUsage, PodUsage, ReportStatus
+
+GIB = 2**30
+MARGIN = GIB // 2
+STALE_AFTER = 90.0
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp()
+
+
+def a100(count: int = 1, **kw: object) -> NodeGPUs:
+    return NodeGPUs(
+        name="gpu-a",
+        product="NVIDIA-A100-PCIE-40GB",
+        count=count,
+        memory_bytes=40 * GIB,
+        replicas=4,
+        shared_capacity=4 * count,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def pod(name: str, declared: float | None, *, shared: int = 1, **kw: Any) -> PodClaim:
+    memory = None if declared is None else int(declared * GIB)
+    claim = PodClaim(
+        uid=name, namespace="ns", name=name, node="gpu-a", shared=shared, declared=memory
+    )
+    return replace(claim, **kw)
+
+
+def report(
+    usage: dict[int, dict[str, float]],
+    *,
+    age: float = 1.0,
+    unattributed: dict[int, float] | None = None,
+    total: float = 40,
+    mig_enabled: frozenset[int] = frozenset(),
+    conditions: list[Condition] | None = None,
+) -> ReportStatus:
+    gpus = [
+        GPUUsage(
+            index=index,
+            uuid=f"GPU-{index}",
+            product="NVIDIA A100-PCIE-40GB",
+            total_bytes=int(total * GIB),
+            used_bytes=0,
+            free_bytes=0,
+            mig_enabled=index in mig_enabled,
+            pods=[PodUsage(uid=uid, used_bytes=int(used * GIB)) for uid, used in pods.items()],
+            unattributed_bytes=int((unattributed or {}).get(index, 0) * GIB),
+        )
+        for index, pods in usage.items()
+    ]
+    return ReportStatus(
+        node_name="gpu-a",
+        backend="simulated",
+        observed_at=datetime.fromtimestamp(NOW - age, UTC),
+        gpus=gpus,
+        conditions=conditions or [],
+    )
+
+
+def account(
+    node: NodeGPUs, claims: list[PodClaim], status: ReportStatus | None, margin: int = MARGIN
+) -> NodeAccount:
+    return account_node(node, claims, status, now=NOW, margin=margin, stale_after=STALE_AFTER)
+
+
+def test_fresh_report_charges_the_larger_of_declared_and_observed() -> None:
+    claims = [pod("sim", 10), pod("inf", 10), pod("nb", 6)]
+    status = report({0: {"sim": 9, "inf": 2, "nb": 15, "stranger": 1}}, unattributed={0: 0.5})
+    result = account(a100(), claims, status)
+    (gpu,) = result.gpus
+    assert result.source == "report"
+    assert result.note == ""
+    # sim 10 (declared) + inf 10 (declared) + nb 15 (observed leak) + stranger 1 + 0.5 unattributed
+    assert gpu.accounted == int(36.5 * GIB)
+    assert gpu.headroom == 40 * GIB - int(36.5 * GIB) - MARGIN
+    assert gpu.declared == 26 * GIB
+    assert gpu.observed == 27 * GIB
+    stranger = next(p for p in gpu.pods if p.uid == "stranger")
+    assert not stranger.known
+    assert result.stale_at == NOW - 1.0 + STALE_AFTER
+
+
+def test_no_report_falls_back_to_declarations_and_the_label() -> None:
+    result = account(a100(), [pod("sim", 10), pod("raw", None)], None)
+    (gpu,) = result.gpus
+    assert result.source == "declarations"
+    assert "no GPUNodeReport" in result.note
+    assert gpu.total == 40 * GIB
+    assert gpu.accounted == 10 * GIB  # the undeclared pod counts only once observed
+    assert result.stale_at is None
+
+
+def test_stale_report_keeps_observed_leaks_but_drops_location() -> None:
+    node = a100(count=2)
+    status = report({0: {"nb": 15}, 1: {}}, age=STALE_AFTER + 30)
+    result = account(node, [pod("nb", 6)], status)
+    assert result.source == "stale-report"
+    assert "120s old" in result.note
+    # Charged to both GPUs (location no longer trusted) at the most it was seen holding.
+    assert [g.accounted for g in result.gpus] == [15 * GIB, 15 * GIB]
+
+
+def test_nvml_unavailable_report_is_no_report() -> None:
+    down = Condition(type="NVMLAvailable", status="False", message="libnvidia-ml.so.1 not found")
+    result = account(a100(), [pod("sim", 10)], report({}, conditions=[down]))
+    assert result.source == "declarations"
+    assert "libnvidia-ml.so.1 not found" in result.note
+
+
+def test_multi_gpu_located_pods_charge_one_gpu_unlocated_charge_all() -> None:
+    node = a100(count=2)
+    claims = [pod("seen", 10), pod("starting", 8), pod("pair", 4, shared=2)]
+    result = account(node, claims, report({0: {"seen": 12, "pair": 1}, 1: {}}))
+    gpu0, gpu1 = result.gpus
+    assert {p.uid for p in gpu0.pods} == {"seen", "starting", "pair"}
+    assert {p.uid for p in gpu1.pods} == {"starting", "pair"}
+    assert gpu0.accounted == (12 + 8 + 4) * GIB
+    assert gpu1.accounted == (8 + 4) * GIB
+    assert result.tightest is gpu0
+    assert result.shared_headroom == gpu0.headroom
+
+
+def test_tightest_gpu_decides_fit_on_a_multi_gpu_node() -> None:
+    node = a100(count=2)
+    result = account(node, [pod("big", 30)], report({0: {"big": 30}, 1: {}}))
+    assert result.gpus[1].headroom > 20 * GIB
+    verdict = fit(result, pod("new", 20))
+    assert not verdict.fits
+    assert verdict.reason.startswith("gpu 0 NVIDIA-A100-PCIE-40GB: 9.5 GiB headroom < 20.0 GiB")
+
+
+def test_mig_mode_gpu_takes_no_shared_pods() -> None:
+    result = account(a100(count=2), [], report({0: {}, 1: {}}, mig_enabled=frozenset({0})))
+    assert [g.shared for g in result.gpus] == [False, True]
+    assert result.tightest is not None
+    assert result.tightest.index == 1
+
+
+def test_node_without_gpus_has_no_headroom() -> None:
+    result = account(NodeGPUs(name="cpu"), [], None)
+    assert result.gpus == ()
+    assert result.tightest is None
+    assert result.shared_headroom == NO_GPU_HEADROOM
+
+
+def test_terminated_pods_are_not_charged() -> None:
+    result = account(a100(), [pod("done", 30, terminated=True)], None)
+    assert result.gpus[0].accounted == 0
+
+
+def test_mig_slices_counted_against_capacity() -> None:
+    node = a100(mig={"1g.5gb": MigSlices("1g.5gb", 7, 4864 * 2**20)})
+    claims = [pod("m1", 4, shared=0, mig={"1g.5gb": 1}), pod("m2", 4, shared=0, mig={"1g.5gb": 2})]
+    result = account(node, claims, None)
+    assert result.mig["1g.5gb"].used == 3
+    assert result.mig["1g.5gb"].free == 4
+    # MIG pods take no whole-GPU memory.
+    assert result.gpus[0].accounted == 0
+
+
+# --- properties ---------------------------------------------------------------
+
+declared_gib = st.one_of(st.none(), st.integers(min_value=0, max_value=24))
+
+
+@st.composite
+def node_with_report(draw: st.DrawFn) -> tuple[NodeGPUs, list[PodClaim], ReportStatus]:
+    count = draw(st.integers(min_value=1, max_value=4))
+    node = a100(count=count)
+    claims = [
+        pod(f"p{i}", draw(declared_gib), shared=draw(st.sampled_from([1, 1, 2])))
+        for i in range(draw(st.integers(min_value=0, max_value=8)))
+    ]
+    uids = [c.uid for c in claims] + ["stranger"]
+    usage: dict[int, dict[str, float]] = {}
+    for index in range(count):
+        seen = draw(st.lists(st.sampled_from(uids), unique=True, max_size=len(uids)))
+        usage[index] = {uid: draw(st.integers(min_value=0, max_value=30)) for uid in seen}
+    status = report(
+        usage,
+        age=draw(st.floats(min_value=STALE_AFTER + 0.001, max_value=1e6)),
+        unattributed={i: draw(st.integers(min_value=0, max_value=8)) for i in range(count)},
+        total=draw(st.sampled_from([20, 40, 80])),
+    )
+    return node, claims, status
+
+
+@given(node_with_report())
+@settings(max_examples=300, deadline=None)
+def test_stale_reports_never_raise_headroom_above_declarations(
+    case: tuple[NodeGPUs, list[PodClaim], ReportStatus],
+) -> None:
+    node, claims, status = case
+    stale = account(node, claims, status)
+    declared = account(node, claims, None)
+    assert stale.source == "stale-report"
+    assert [g.index for g in stale.gpus] == [g.index for g in declared.gpus]
+    for with_report, without in zip(stale.gpus, declared.gpus, strict=True):
+        assert with_report.headroom <= without.headroom
+    assert stale.shared_headroom <= declared.shared_headroom
+
+
+Event = tuple[str, int, int]
+# GiB declared, and the GPU the device plugin picks (modulo the node's count)
+binds = st.tuples(st.just("bind"), st.sampled_from([0, 1, 2, 3, 4, 6, 8]), st.integers(0, 3))
+events = st.lists(
+    st.one_of(
+        binds,
+        binds,
+        binds,
+        st.tuples(st.just("delete"), st.integers(0, 50), st.just(0)),
+        # which pods the agent sees (bit i: the i-th bound pod), and unattributed quarter-GiB
+        st.tuples(st.just("report"), st.sampled_from([0, 1, 3, 5, 2**16 - 1]), st.integers(0, 6)),
+        st.tuples(st.just("stale"), st.just(0), st.just(0)),
+    ),
+    min_size=10,
+    max_size=30,
+)
+
+
+@given(st.integers(min_value=1, max_value=4), events)
+@example(2, [("bind", 6, 1), ("report", 1, 0), ("bind", 6, 1), ("bind", 4, 1)])
+@settings(max_examples=500, deadline=None)
+def test_declared_memory_on_a_gpu_never_exceeds_its_total(gpus: int, history: list[Event]) -> None:
+    """Whatever GPU the device plugin picks, and whatever the agent has seen so far."""
+    node = replace(a100(count=gpus), memory_bytes=16 * GIB)  # small, so that GPUs fill up
+    bound: dict[str, tuple[PodClaim, int]] = {}  # uid -> (claim, the GPU it really got)
+    seen: dict[str, int] = {}  # what the latest report shows: uid -> bytes (on its real GPU)
+    unattributed = 0
+    report_age = 1.0
+    for number, (kind, a, b) in enumerate(history):
+        if kind == "bind":
+            claim = pod(f"p{number}", a)
+            status = _report_of(gpus, bound, seen, unattributed, report_age)
+            if fit(account(node, [c for c, _ in bound.values()], status), claim).fits:
+                bound[claim.uid] = (claim, b % gpus)
+        elif kind == "delete" and bound:
+            uid = sorted(bound)[a % len(bound)]
+            del bound[uid]
+            seen.pop(uid, None)
+        elif kind == "report":
+            # The agent sees some pods (on the GPU they really use), holding anything.
+            seen = {
+                uid: (1 + (a >> i) % 3) * claim.need // 2 + 1
+                for i, (uid, (claim, _)) in enumerate(sorted(bound.items()))
+                if (a >> i) & 1
+            }
+            unattributed = b * GIB // 4
+            report_age = 1.0
+        elif kind == "stale":
+            report_age = STALE_AFTER * 2
+        for index in range(gpus):
+            on_gpu = sum(c.need for c, where in bound.values() if where == index)
+            assert on_gpu <= node.memory_bytes - MARGIN
+
+
+def _report_of(
+    gpus: int,
+    bound: dict[str, tuple[PodClaim, int]],
+    seen: dict[str, int],
+    unattributed: int,
+    age: float,
+) -> ReportStatus:
+    usage: dict[int, dict[str, float]] = {i: {} for i in range(gpus)}
+    for uid, used in seen.items():
+        usage[bound[uid][1]][uid] = used / GIB
+    unattributed_gib = dict.fromkeys(range(gpus), unattributed / GIB)
+    return report(usage, age=age, unattributed=unattributed_gib, total=16)

@@ -1,0 +1,86 @@
+"""What a pod claims: shared replicas, MIG slices, declared memory, placement."""
+
+import pytest
+
+from headroom.claims import parse_claim
+from headroom.podspec import PodError
+from tests.extender.objects import gpu_pod
+
+
+def test_shared_pod_from_the_webhook() -> None:
+    claim = parse_claim(gpu_pod("sim", declared="10Gi", placement="spread", node="gpu-a"))
+    assert claim.key == "research/sim"
+    assert claim.node == "gpu-a"
+    assert (claim.shared, claim.mig, claim.declared) == (1, {}, 10 * 2**30)
+    assert claim.placement == "spread"
+    assert claim.wants_gpu
+    assert claim.problem == ""
+
+
+def test_mig_pod() -> None:
+    claim = parse_claim(gpu_pod("m", mig="1g.10gb+me", declared="9Gi"))
+    assert claim.mig == {"1g.10gb+me": 1}
+    assert claim.shared == 0
+    assert claim.wants_gpu
+
+
+def test_effective_request_counts_app_containers_and_the_largest_init() -> None:
+    pod = gpu_pod("p", shared=1)
+    spec = pod["spec"]
+    spec["containers"].append(
+        {"name": "side", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}
+    )
+    spec["initContainers"] = [
+        {"name": "warm", "resources": {"limits": {"nvidia.com/gpu.shared": "3"}}},
+        {"name": "fetch", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}},
+    ]
+    assert parse_claim(pod).shared == 3
+    spec["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu.shared"] = "1"
+    assert parse_claim(pod).shared == 2
+
+
+def test_unmutated_pod_declares_nothing() -> None:
+    claim = parse_claim(gpu_pod("raw", declared=None, placement=None))
+    assert claim.declared is None
+    assert claim.need == 0
+    assert claim.placement == "binpack"
+
+
+def test_pod_without_gpu_is_not_interesting() -> None:
+    claim = parse_claim({"metadata": {"name": "web", "namespace": "d", "uid": "u"}, "spec": {}})
+    assert not claim.wants_gpu
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("headroom.dev/declared-memory", "10Gx", "headroom.dev/declared-memory"),
+        ("headroom.dev/declared-memory", "-1Gi", "headroom.dev/declared-memory"),
+        ("headroom.dev/placement", "diagonal", "headroom.dev/placement"),
+    ],
+)
+def test_bad_annotation_becomes_a_problem_naming_it(key: str, value: str, named: str) -> None:
+    pod = gpu_pod("p")
+    pod["metadata"]["annotations"][key] = value
+    claim = parse_claim(pod)
+    assert named in claim.problem
+    assert value in claim.problem
+
+
+def test_terminated_pod() -> None:
+    assert parse_claim(gpu_pod("done", phase="Succeeded")).terminated
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"metadata": []},
+        {"metadata": {"annotations": {"a": 1}}},
+        {"spec": {"containers": "main"}},
+        {"spec": {"nodeName": 7}},
+        {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu.shared": "x"}}}]}},
+    ],
+)
+def test_malformed_pod_raises_pod_error(pod: dict[str, object]) -> None:
+    with pytest.raises(PodError):
+        parse_claim(pod)
