@@ -21,6 +21,8 @@ def pointer(parts: Sequence[str | int]) -> str:
 
 def same(left: Any, right: Any) -> bool:
     """Equal as JSON: ``1`` and ``True`` and ``1.0`` differ, key order does not matter."""
+    if left is right:
+        return True
     if type(left) is not type(right):
         return False
     if isinstance(left, dict):
