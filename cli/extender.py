@@ -15,17 +15,9 @@ import asyncio
 import logging
 from typing import Any
 
-from cli.agent import duration
-from headroom.quantity import QuantityError, parse_bytes
+from cli.options import duration, memory
 
 log = logging.getLogger(__name__)
-
-
-def memory(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except QuantityError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def add_parser(subparsers: Any) -> None:

@@ -13,8 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from cli.agent import duration
-from cli.extender import memory
+from cli.options import duration, memory
 from headroom.accounting import NodeAccount
 from headroom.quantity import human_bytes
 

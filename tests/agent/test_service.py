@@ -15,8 +15,8 @@ from agent.probe import BackendName, Snapshot
 from agent.reporter import Reporter
 from agent.server import AgentMetrics, create_app
 from agent.service import Agent
-from cli.agent import duration
 from cli.main import main
+from cli.options import duration
 from headroom import names
 from tests.agent.doubles import ActionsDouble, WriterDouble
 

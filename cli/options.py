@@ -1,0 +1,30 @@
+"""Argument types the commands share: durations and memory quantities."""
+
+import argparse
+import re
+
+from headroom.quantity import QuantityError, parse_bytes
+
+_DURATION = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """``5s``, ``500ms``, ``2m``, or plain seconds."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (expected e.g. 5s, 500ms, 1m)"
+        )
+    seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"] or "s"]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
+    return seconds
+
+
+def memory(text: str) -> int:
+    """A memory quantity (``512Mi``, ``1G``) in bytes."""
+    try:
+        return parse_bytes(text)
+    except QuantityError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
