@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Any
 
-from cli.options import duration, memory
+from cli.options import duration, memory, port
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--port", type=int, default=8888, help="HTTP port (default 8888)")
+    parser.add_argument("--port", type=port, default=8888, help="HTTP port (default 8888)")
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -68,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
     from extender.service import Settings, serve
     from kube.config import KubeConfigError
 
-    if not 0 < args.port < 65536:
-        log.error("--port %d: not a TCP port", args.port)
-        return 2
     settings = Settings(
         host=args.host,
         port=args.port,

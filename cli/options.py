@@ -28,3 +28,14 @@ def memory(text: str) -> int:
         return parse_bytes(text)
     except QuantityError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def port(text: str) -> int:
+    """A TCP port number, 1..65535."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return number

@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cli.options import port
+
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="DIR",
         help="directory with tls.crt and tls.key (see: headroom certs generate)",
     )
-    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument("--port", type=port, default=8443, help="HTTPS port (default 8443)")
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     parser.add_argument(
         "--kubeconfig",
@@ -58,9 +60,6 @@ def run(args: argparse.Namespace) -> int:
     from webhook.service import Settings, serve
     from webhook.tls import CertificateError
 
-    if not 0 < args.port < 65536:
-        log.error("--port %d: not a TCP port", args.port)
-        return 2
     settings = Settings(
         cert_dir=args.cert_dir,
         host=args.host,

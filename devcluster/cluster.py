@@ -1,0 +1,267 @@
+"""``up``, ``down`` and ``status`` of the local cluster, and the :class:`Cluster` handle.
+
+``up`` starts, in order: etcd; kube-apiserver; kube-controller-manager, the
+stock kube-scheduler and kwok; then creates the nodes and waits until they are
+Ready, the controllers and scheduler hold their leases and the ``default``
+ServiceAccount exists. With ``headroom=True`` (the default) it then installs
+Headroom (:mod:`devcluster.components`). Every step is shown through
+``progress``; a process that dies is reported with the tail of its log.
+"""
+
+import functools
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devcluster import binaries, components, controlplane, nodes
+from devcluster.kubectl import Kubectl
+from devcluster.process import Component, ProcessError, Progress
+from devcluster.state import ClusterState, default_state_dir
+
+READY_TIMEOUT = 90.0
+
+
+def _stderr(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+class ClusterError(RuntimeError):
+    """The state dir holds a cluster that is partly dead, or is not a cluster's."""
+
+
+@dataclass
+class Cluster:
+    """A running local cluster, as ``up`` left it (or as ``attach`` finds it)."""
+
+    state: ClusterState
+    bins: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state.admin_kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.state.server
+
+    @property
+    def components(self) -> dict[str, Component]:
+        return self.state.components
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.state.ports
+
+    @property
+    def gpu_nodes(self) -> list[str]:
+        return list(self.state.gpu_nodes)
+
+    @property
+    def kubectl(self) -> Kubectl:
+        """The built kubectl with the admin kubeconfig; call it: ``c.kubectl("get", "pods")``."""
+        return Kubectl(self.bins / "kubectl", self.kubeconfig)
+
+    def kubectl_json(self, *args: str) -> Any:
+        return self.kubectl.json(*args)
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        self.kubectl.apply(objects)
+
+    def stop(self, name: str) -> None:
+        """Stop one component (``c.components`` names them); the state remembers it."""
+        self.components[name].stop()
+        self.state.save()
+
+    def start(self, name: str, *, timeout: float = READY_TIMEOUT) -> None:
+        """Start a stopped component again with the same arguments; wait until ready."""
+        component = self.components[name]
+        component.start()
+        self.state.save()
+        component.wait_ready(timeout)
+
+    def restart(self, name: str, *, timeout: float = READY_TIMEOUT) -> None:
+        self.stop(name)
+        self.start(name, timeout=timeout)
+
+    def _launch(self, batch: list[Component], progress: Progress) -> None:
+        """Start ``batch`` together, then wait for each; the state is saved first so a
+        failed ``up`` leaves pids that ``down`` can kill."""
+        for component in batch:
+            self.state.components[component.name] = component
+            component.start()
+            progress(f"started {component.name} (pid {component.pid}, log {component.log})")
+        self.state.save()
+        for component in batch:
+            component.wait_ready(READY_TIMEOUT, progress)
+
+
+def _alive(state: ClusterState) -> tuple[list[str], list[str]]:
+    running = [n for n, c in state.components.items() if c.alive()]
+    dead = [n for n, c in state.components.items() if not c.alive()]
+    return running, dead
+
+
+def attach(state_dir: Path | None = None) -> Cluster:
+    """The cluster already running in ``state_dir``; ClusterError if none is up."""
+    directory = (state_dir or default_state_dir()).resolve()
+    state = ClusterState.load(directory)
+    if state is None:
+        raise ClusterError(f"no cluster in {directory}; start one with `headroom cluster up`")
+    return Cluster(state, binaries.bin_dir())
+
+
+def up(
+    nodes_file: Path | None = None,
+    state_dir: Path | None = None,
+    *,
+    headroom: bool = True,
+    build: bool = True,
+    progress: Progress = _stderr,
+) -> Cluster:
+    """Start the local cluster (or return the one already running in ``state_dir``)."""
+    directory = (state_dir or default_state_dir()).resolve()
+    existing = ClusterState.load(directory)
+    if existing is not None:
+        running, dead = _alive(existing)
+        if running and not dead:
+            progress(f"already running in {directory}")
+            return Cluster(existing, binaries.bin_dir())
+        if running:
+            raise ClusterError(
+                f"the cluster in {directory} is partly down ({', '.join(dead)} not running); "
+                "run `headroom cluster down` first"
+            )
+        down(directory, progress=progress)
+    specs = nodes.load(nodes_file)
+    bins = binaries.ensure(build=build, progress=progress)
+    started = time.monotonic()
+    state = ClusterState(directory)
+    state.make_dirs()
+    state.nodes = [spec.name for spec in specs]
+    state.gpu_nodes = [spec.name for spec in specs if spec.has_gpu()]
+    cluster = Cluster(state, bins)
+    try:
+        controlplane.prepare_pki(state)
+        cluster._launch([controlplane.etcd(state, bins)], progress)
+        cluster._launch([controlplane.apiserver(state, bins)], progress)
+        cluster._launch(
+            [
+                controlplane.controller_manager(state, bins),
+                controlplane.default_scheduler(state, bins),
+                controlplane.kwok(state, bins),
+            ],
+            progress,
+        )
+        _create_nodes(cluster, specs, progress)
+        _wait_control_plane(cluster, progress)
+        if headroom:
+            components.install(cluster, specs, progress)
+    except BaseException:
+        for component in reversed(list(state.components.values())):
+            component.stop()
+        state.save()
+        progress(f"up failed; logs are in {state.logs} (`headroom cluster down` removes them)")
+        raise
+    progress(f"up in {time.monotonic() - started:.0f}s; kubeconfig {cluster.kubeconfig}")
+    return cluster
+
+
+def _create_nodes(cluster: Cluster, specs: list[nodes.NodeSpec], progress: Progress) -> None:
+    cluster.apply([spec.to_object() for spec in specs])
+    names = {spec.name for spec in specs}
+
+    def all_ready() -> bool:
+        listed = cluster.kubectl_json("get", "nodes")["items"]
+        ready = {
+            node["metadata"]["name"]
+            for node in listed
+            for condition in node.get("status", {}).get("conditions", [])
+            if condition["type"] == "Ready" and condition["status"] == "True"
+        }
+        return names <= ready
+
+    cluster.kubectl.wait_for("kwok to make the nodes Ready", all_ready, timeout=READY_TIMEOUT)
+    progress(f"nodes Ready: {', '.join(spec.name for spec in specs)}")
+
+
+def _wait_control_plane(cluster: Cluster, progress: Progress) -> None:
+    def leader(lease: str) -> bool:
+        result = cluster.kubectl(
+            "get",
+            "lease",
+            "-n",
+            "kube-system",
+            lease,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+            check=False,
+        )
+        return result.returncode == 0 and bool(result.stdout.strip())
+
+    for lease in ("kube-controller-manager", "kube-scheduler"):
+        cluster.kubectl.wait_for(
+            f"{lease} to become leader", functools.partial(leader, lease), timeout=READY_TIMEOUT
+        )
+    # Pods cannot be created in a namespace before its "default" ServiceAccount exists.
+    cluster.kubectl.wait_for(
+        "the default ServiceAccount",
+        lambda: cluster.kubectl("get", "sa", "default", check=False).returncode == 0,
+        timeout=READY_TIMEOUT,
+    )
+    progress("control plane ready: controllers and scheduler hold their leases")
+
+
+def down(state_dir: Path | None = None, *, progress: Progress = _stderr) -> bool:
+    """Stop every component and remove the state dir; False when there was nothing."""
+    directory = (state_dir or default_state_dir()).resolve()
+    state = ClusterState.load(directory)
+    if state is None:
+        if directory.exists() and any(directory.iterdir()):
+            raise ClusterError(f"{directory} has no state.json; not removing it")
+        return False
+    for component in reversed(list(state.components.values())):
+        if component.alive():
+            progress(f"stopping {component.name} (pid {component.pid})")
+        component.stop()
+    shutil.rmtree(directory)
+    progress(f"removed {directory}")
+    return True
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    log: str
+
+
+@dataclass(frozen=True)
+class Status:
+    state_dir: Path
+    kubeconfig: Path | None
+    server: str | None
+    components: list[ComponentStatus]
+
+    @property
+    def up(self) -> bool:
+        return bool(self.components) and all(c.running for c in self.components)
+
+
+def status(state_dir: Path | None = None) -> Status:
+    directory = (state_dir or default_state_dir()).resolve()
+    state = ClusterState.load(directory)
+    if state is None:
+        return Status(directory, None, None, [])
+    return Status(
+        directory,
+        state.admin_kubeconfig,
+        state.server if "apiserver" in state.ports else None,
+        [ComponentStatus(c.name, c.pid, c.alive(), c.log) for c in state.components.values()],
+    )
+
+
+__all__ = ["Cluster", "ClusterError", "ProcessError", "attach", "down", "status", "up"]

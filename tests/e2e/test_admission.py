@@ -1,0 +1,136 @@
+"""The webhook as the real apiserver calls it: what users see from kubectl."""
+
+import pytest
+import yaml
+
+from devcluster.cluster import Cluster
+from headroom import names
+from tests.e2e.conftest import NamespaceFactory
+from tests.e2e.workloads import (
+    declared_by_node,
+    eventually,
+    gpu_deployment,
+    gpu_pod,
+    node_memory,
+    pods,
+    running,
+)
+
+pytestmark = pytest.mark.e2e
+
+TIME_SLICED = {"a100-shared-0", "a100-shared-1", "t4-shared-0"}
+
+
+def _create(cluster: Cluster, obj: dict[str, object]) -> tuple[int, str]:
+    result = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(obj), check=False)
+    return result.returncode, result.stderr
+
+
+def test_shared_policy_deployment_is_rewritten_and_placed_with_headroom(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    cluster.apply([gpu_deployment(ns, "trainer", replicas=3, memory="8Gi")])
+
+    eventually("3 trainer pods Running", lambda: len(running(pods(cluster, ns))) == 3)
+    policy = cluster.kubectl_json("get", "gpusharingpolicy", "gpu-shared")["spec"]
+    for pod in pods(cluster, ns):
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {names.GPU_SHARED: "1"}
+        assert pod["spec"]["containers"][0]["resources"]["requests"] == {names.GPU_SHARED: "1"}
+        assert pod["spec"]["schedulerName"] == names.HEADROOM_SCHEDULER
+        for toleration in policy["tolerations"]:
+            assert toleration in pod["spec"]["tolerations"]
+        assert policy["nodeSelector"].items() <= pod["spec"]["nodeSelector"].items()
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[names.ANNOTATION_DECLARED_MEMORY] == "8Gi"
+        assert annotations[names.ANNOTATION_POLICY] == "gpu-shared"
+        assert pod["spec"]["nodeName"] in TIME_SLICED
+    memory = node_memory(cluster)
+    for node, declared in declared_by_node(cluster).items():
+        assert declared <= memory[node], f"{node}: {declared} declared > {memory[node]}"
+
+
+def test_kubectl_shows_the_webhook_warnings(cluster: Cluster, namespace: NamespaceFactory) -> None:
+    ns = namespace("gpu-shared")
+    code, stderr = _create(cluster, gpu_pod(ns, "notebook"))  # no memory declared
+
+    assert code == 0, stderr
+    warnings = [line for line in stderr.splitlines() if line.startswith("Warning: headroom")]
+    assert warnings, stderr
+    assert any("nvidia.com/gpu.shared" in line for line in warnings), warnings
+    pod = cluster.kubectl_json("get", "pod", "notebook", "-n", ns)
+    # The policy's defaultMemory stands in for the missing declaration.
+    assert pod["metadata"]["annotations"][names.ANNOTATION_DECLARED_MEMORY] == "4Gi"
+
+
+def test_mig_policy_gets_the_smallest_profile_that_fits(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-mig")
+    code, stderr = _create(cluster, gpu_pod(ns, "inference", memory="8Gi"))
+
+    assert code == 0, stderr
+    eventually("the MIG pod Running", lambda: len(running(pods(cluster, ns))) == 1)
+    pod = cluster.kubectl_json("get", "pod", "inference", "-n", ns)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-2g.10gb": "1"}
+    assert pod["metadata"]["annotations"][names.ANNOTATION_MIG_PROFILE] == "2g.10gb"
+    assert pod["spec"]["nodeName"] == "a100-mig-0"
+
+
+def test_namespace_without_policy_is_untouched(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace(None)
+    sent = gpu_pod(ns, "plain", memory="8Gi")
+    code, stderr = _create(cluster, sent)
+
+    assert code == 0, stderr
+    assert "Warning" not in stderr
+    pod = cluster.kubectl_json("get", "pod", "plain", "-n", ns)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {names.GPU: "1"}
+    assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER
+    assert set(pod["metadata"].get("annotations", {})) == {names.ANNOTATION_GPU_MEMORY}
+
+
+def test_skip_label_opts_a_pod_out(cluster: Cluster, namespace: NamespaceFactory) -> None:
+    ns = namespace("gpu-shared")
+    code, stderr = _create(cluster, gpu_pod(ns, "opted-out", labels={names.LABEL_SKIP: "true"}))
+
+    assert code == 0, stderr
+    pod = cluster.kubectl_json("get", "pod", "opted-out", "-n", ns)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {names.GPU: "1"}
+
+
+def test_pod_above_max_memory_is_denied_with_a_clear_message(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")  # maxMemory 20Gi
+    code, stderr = _create(cluster, gpu_pod(ns, "greedy", memory="30Gi"))
+
+    assert code != 0
+    assert 'admission webhook "pods.headroom.dev" denied the request' in stderr, stderr
+    assert "30Gi" in stderr, stderr
+    assert "20Gi" in stderr, stderr
+    assert cluster.kubectl("get", "pod", "greedy", "-n", ns, check=False).returncode != 0
+
+
+def test_webhook_down_fails_closed_for_gpu_pods_only(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    cluster.stop("webhook")
+    try:
+        code, stderr = _create(cluster, gpu_pod(ns, "while-down", memory="4Gi"))
+        cpu_pod = gpu_pod(ns, "cpu-only")
+        cpu_pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+        cpu_code, cpu_stderr = _create(cluster, cpu_pod)
+    finally:
+        cluster.start("webhook")
+
+    assert code != 0
+    assert 'failed calling webhook "pods.headroom.dev"' in stderr, stderr
+    # matchConditions keep pods that ask for no GPU away from the webhook.
+    assert cpu_code == 0, cpu_stderr
+    code, stderr = _create(cluster, gpu_pod(ns, "after-restart", memory="4Gi"))
+    assert code == 0, stderr

@@ -1,0 +1,109 @@
+"""The manifests users apply, checked by the real apiserver.
+
+``manifests/base`` goes through a server-side dry run (schema, defaulting,
+admission; nothing needs to pull an image); the local overlay (the base minus
+the workloads) was applied for real by ``cluster up``, and each of its objects
+must be in the cluster as rendered.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster.binaries import CHECKOUT
+from devcluster.cluster import Cluster
+from devcluster.kubectl import FIELD_MANAGER
+
+pytestmark = pytest.mark.e2e
+
+MANIFESTS = CHECKOUT / "manifests"
+WORKLOADS = {
+    ("Deployment", "headroom-webhook"),
+    ("Deployment", "headroom-scheduler"),
+    ("DaemonSet", "headroom-agent"),
+    ("Job", "headroom-certs"),
+    ("Service", "headroom-webhook"),
+    ("PodDisruptionBudget", "headroom-webhook"),
+}
+SA = "system:serviceaccount:headroom-system:"
+
+
+def _keys(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+
+def _render(cluster: Cluster, directory: Path) -> list[dict[str, Any]]:
+    return cluster.kubectl.kustomize(directory)
+
+
+def test_base_passes_a_server_side_dry_run(cluster: Cluster) -> None:
+    result = cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "--force-conflicts",
+        # The same field manager as `cluster up`, so the local overlay's webhook URL
+        # is dropped as it would be when a user moves from the overlay to the base.
+        f"--field-manager={FIELD_MANAGER}", "-k", str(MANIFESTS / "base"),
+    )  # fmt: skip
+
+    applied = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(_render(cluster, MANIFESTS / "base")), result.stdout
+    assert "deployment.apps/headroom-webhook serverside-applied" in result.stdout
+
+
+def test_local_overlay_is_the_base_without_workloads_and_is_applied(cluster: Cluster) -> None:
+    base = _render(cluster, MANIFESTS / "base")
+    local = _render(cluster, MANIFESTS / "overlays" / "local")
+
+    assert _keys(base) - _keys(local) == WORKLOADS
+    for obj in local:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        args = ["get", kind, name]
+        if "namespace" in obj["metadata"]:
+            args += ["-n", obj["metadata"]["namespace"]]
+        live = cluster.kubectl_json(*args)
+        assert live["metadata"]["name"] == name
+    configuration = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "headroom")
+    webhook = configuration["webhooks"][0]
+    assert webhook["clientConfig"]["url"].startswith("https://127.0.0.1:")
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["timeoutSeconds"] == 5
+    assert webhook["reinvocationPolicy"] == "IfNeeded"
+    assert webhook["sideEffects"] == "None"
+    assert [c["name"] for c in webhook["matchConditions"]] == ["asks-for-nvidia-gpu"]
+
+
+def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) -> None:
+    objects = _render(cluster, MANIFESTS / "overlays" / "cert-manager")
+    keys = _keys(objects)
+
+    assert ("Job", "headroom-certs") not in keys
+    assert ("Certificate", "headroom-webhook") in keys
+    configuration = next(o for o in objects if o["kind"] == "MutatingWebhookConfiguration")
+    annotations = configuration["metadata"]["annotations"]
+    assert annotations["cert-manager.io/inject-ca-from"] == "headroom-system/headroom-webhook"
+
+
+@pytest.mark.parametrize(
+    ("account", "verb", "resource", "allowed"),
+    [
+        ("headroom-webhook", "watch", "gpusharingpolicies.headroom.dev", True),
+        ("headroom-webhook", "create", "pods", False),
+        ("headroom-webhook", "get", "secrets", False),
+        ("headroom-scheduler", "create", "pods --subresource=binding", True),
+        ("headroom-scheduler", "update", "gpunodereports.headroom.dev", False),
+        ("headroom-scheduler", "list", "secrets", False),
+        ("headroom-agent", "create", "gpunodereports.headroom.dev", True),
+        ("headroom-agent", "create", "pods --subresource=eviction", True),
+        ("headroom-agent", "delete", "pods", False),
+        ("headroom-agent", "list", "secrets", False),
+        ("headroom-certs", "list", "secrets", False),
+    ],
+)
+def test_rbac_grants_each_component_only_what_it_needs(
+    cluster: Cluster, account: str, verb: str, resource: str, allowed: bool
+) -> None:
+    result = cluster.kubectl(
+        "auth", "can-i", verb, *resource.split(), "-A", f"--as={SA}{account}", check=False
+    )
+
+    assert result.stdout.strip() == ("yes" if allowed else "no"), (account, verb, resource)

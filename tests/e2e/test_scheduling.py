@@ -1,0 +1,127 @@
+"""headroom-scheduler with the extender, under load and faults, on the seeds' nodes.
+
+With 10Gi declared per pod and the extender's default 512Mi margin, each
+A100 40GB takes 3 pods (30Gi; a 4th would leave -0.5Gi) although its device
+plugin offers 4 time-slicing replicas, and the T4 (15360Mi) takes 1: 7 in all.
+"""
+
+import datetime
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster.cluster import Cluster
+from tests.e2e.conftest import NamespaceFactory
+from tests.e2e.workloads import (
+    GIB,
+    declared_by_node,
+    eventually,
+    failed_scheduling,
+    gpu_deployment,
+    node_memory,
+    pods,
+    running,
+    settle,
+)
+
+pytestmark = pytest.mark.e2e
+
+MARGIN = GIB // 2
+CAPACITY_AT_10GI = 7
+
+
+def _assert_no_gpu_over_declared(cluster: Cluster) -> None:
+    memory = node_memory(cluster)
+    for node, declared in declared_by_node(cluster).items():
+        assert declared <= memory[node] - MARGIN, (
+            f"{node}: {declared / GIB:.1f}Gi declared on a {memory[node] / GIB:.1f}Gi GPU"
+        )
+
+
+def test_a_burst_of_100_pods_never_over_commits_a_gpu(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    cluster.apply([gpu_deployment(ns, "burst", replicas=100, memory="10Gi")])
+
+    settle(cluster, ns, total=100, timeout=240)
+    items = pods(cluster, ns)
+    _assert_no_gpu_over_declared(cluster)
+    assert len(running(items)) == CAPACITY_AT_10GI
+    reasons = failed_scheduling(cluster, ns)
+    pending = [p["metadata"]["name"] for p in items if p["status"]["phase"] != "Running"]
+    assert len(pending) == 100 - CAPACITY_AT_10GI
+    for name in pending:
+        assert "headroom" in reasons[name], reasons[name]
+        assert "10.0 GiB declared" in reasons[name], reasons[name]
+
+
+def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    cluster.apply([gpu_deployment(ns, "restart", replicas=40, memory="10Gi")])
+    eventually(
+        "the first pod bound", lambda: any(p["spec"].get("nodeName") for p in pods(cluster, ns))
+    )
+
+    cluster.restart("extender")
+
+    settle(cluster, ns, total=40, timeout=180)
+    _assert_no_gpu_over_declared(cluster)
+    eventually(
+        f"{CAPACITY_AT_10GI} pods Running after the restart",
+        lambda: len(running(pods(cluster, ns))) == CAPACITY_AT_10GI,
+        timeout=120,
+    )
+    assert len(pods(cluster, ns)) == 40
+
+
+def _make_stale(report: dict[str, Any], *, total_bytes: int) -> dict[str, Any]:
+    """The report an hour old, claiming a bigger GPU than the node's label says."""
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+    report["status"]["observedAt"] = old.isoformat().replace("+00:00", "Z")
+    for gpu in report["status"]["gpus"]:
+        gpu["totalBytes"] = total_bytes
+        gpu["freeBytes"] = total_bytes - gpu["usedBytes"]
+    report["metadata"].pop("managedFields", None)
+    return report
+
+
+def test_stale_report_makes_placement_conservative(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    node = "a100-shared-0"
+    agent = f"agent-{node}"
+    cluster.stop(agent)  # nobody refreshes the report now
+    try:
+        report = cluster.kubectl_json("get", "gpunodereport", node)
+        stale = _make_stale(report, total_bytes=80 * GIB)
+        cluster.kubectl("replace", "-f", "-", input=yaml.safe_dump(stale))
+        ns = namespace("gpu-shared")
+        cluster.apply(
+            [
+                gpu_deployment(
+                    ns,
+                    "pinned",
+                    replicas=5,
+                    memory="10Gi",
+                    node_selector={"kubernetes.io/hostname": node},
+                )
+            ]
+        )
+        settle(cluster, ns, total=5, timeout=120)
+    finally:
+        cluster.start(agent)
+
+    # The stale report's 80Gi is not believed: the label's 40960Mi holds 3 pods,
+    # not the 4 the device plugin's replicas (or the report) would allow.
+    items = pods(cluster, ns)
+    assert len(running(items)) == 3
+    assert {p["spec"]["nodeName"] for p in running(items)} == {node}
+    reasons = failed_scheduling(cluster, ns)
+    pending = [p["metadata"]["name"] for p in items if p["status"]["phase"] != "Running"]
+    assert len(pending) == 2
+    for name in pending:
+        assert "stale" in reasons[name], reasons[name]

@@ -1,0 +1,134 @@
+"""Objects the e2e tests create, and how they read the cluster back."""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from devcluster.cluster import Cluster
+from headroom import names
+from headroom.quantity import parse_bytes
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+def gpu_container(name: str = "main", gpus: int = 1) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "registry.example/cuda-app:1",
+        "resources": {"limits": {names.GPU: str(gpus)}},
+    }
+
+
+def gpu_pod(
+    namespace: str, name: str, *, memory: str | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    annotations = {names.ANNOTATION_GPU_MEMORY: memory} if memory else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": annotations,
+            "labels": labels or {},
+        },
+        "spec": {"containers": [gpu_container()]},
+    }
+
+
+def gpu_deployment(
+    namespace: str,
+    name: str,
+    *,
+    replicas: int,
+    memory: str,
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    labels = {"app": name}
+    spec: dict[str, Any] = {"containers": [gpu_container()]}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {names.ANNOTATION_GPU_MEMORY: memory},
+                },
+                "spec": spec,
+            },
+        },
+    }
+
+
+def pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+    return items
+
+
+def running(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in items if p.get("status", {}).get("phase") == "Running"]
+
+
+def unscheduled(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in items if not p["spec"].get("nodeName")]
+
+
+def failed_scheduling(cluster: Cluster, namespace: str) -> dict[str, str]:
+    """Pod name -> the latest FailedScheduling message in ``namespace``."""
+    events = cluster.kubectl_json(
+        "get", "events", "-n", namespace, "--field-selector", "reason=FailedScheduling"
+    )["items"]
+    events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return {e["involvedObject"]["name"]: e["message"] for e in events}
+
+
+def declared_by_node(cluster: Cluster) -> dict[str, int]:
+    """Node -> bytes declared by the live shared pods bound to it (all namespaces)."""
+    totals: dict[str, int] = {}
+    for pod in cluster.kubectl_json("get", "pods", "-A")["items"]:
+        node = pod["spec"].get("nodeName")
+        declared = pod["metadata"].get("annotations", {}).get(names.ANNOTATION_DECLARED_MEMORY)
+        phase = pod.get("status", {}).get("phase")
+        if node and declared and phase not in ("Succeeded", "Failed"):
+            totals[node] = totals.get(node, 0) + parse_bytes(declared)
+    return totals
+
+
+def node_memory(cluster: Cluster) -> dict[str, int]:
+    """Node -> GPU memory per GPU (bytes) from the GFD label, for GPU nodes."""
+    result = {}
+    for node in cluster.kubectl_json("get", "nodes")["items"]:
+        label = node["metadata"]["labels"].get(names.LABEL_MEMORY_MIB)
+        if label:
+            result[node["metadata"]["name"]] = int(label) * MIB
+    return result
+
+
+def eventually(
+    description: str, check: Callable[[], bool], *, timeout: float = 60, interval: float = 0.5
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s: {description}")
+        time.sleep(interval)
+
+
+def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120) -> None:
+    """Until ``total`` pods exist, and each is Running or has a FailedScheduling event."""
+
+    def settled() -> bool:
+        items = pods(cluster, namespace)
+        if len(items) < total:
+            return False
+        waiting = {p["metadata"]["name"] for p in items if p["status"].get("phase") != "Running"}
+        return waiting <= set(failed_scheduling(cluster, namespace))
+
+    eventually(f"{total} pods in {namespace} Running or FailedScheduling", settled, timeout=timeout)
