@@ -56,6 +56,8 @@ class AgentConfig:
     grace: int = 2
     port: int = 0
     """HTTP port for /healthz /readyz /metrics; 0 serves none."""
+    host: str = "0.0.0.0"
+    """Address for that port: all interfaces in a Pod, 127.0.0.1 on a laptop."""
     nvml_retry_seconds: float = 60.0
 
 
@@ -293,6 +295,6 @@ async def _start_http(agent: Agent, pods: Informer, config: AgentConfig) -> web.
     app = create_app(agent.metrics, healthy=healthy, ready=ready)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", config.port).start()
-    log.info("serving /healthz /readyz /metrics on :%d", config.port)
+    await web.TCPSite(runner, config.host, config.port).start()
+    log.info("serving /healthz /readyz /metrics on %s:%d", config.host, config.port)
     return runner

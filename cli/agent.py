@@ -78,6 +78,11 @@ def add_parser(subparsers: Any) -> None:
         default=9402,
         help="HTTP port for /healthz /readyz /metrics; 0 disables (default 9402)",
     )
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address for that port (default 0.0.0.0; 127.0.0.1 outside a Pod)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -112,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         write_policy=WritePolicy(heartbeat_seconds=max(args.heartbeat, args.interval)),
         grace=args.guard_grace,
         port=args.port,
+        host=args.host,
     )
     return asyncio.run(_main(config, args.kubeconfig))
 

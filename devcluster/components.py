@@ -151,6 +151,8 @@ def _processes(state: ClusterState, specs: list[nodes.NodeSpec], bins: Path) -> 
                         AGENT_INTERVAL,
                         "--port",
                         str(agent_port),
+                        "--host",
+                        "127.0.0.1",
                     ),
                     log=str(state.logs / f"agent-{spec.name}.log"),
                     probe=Probe(f"http://127.0.0.1:{agent_port}/readyz"),
