@@ -153,15 +153,15 @@ def generate(
     issuer = None if new_ca_always else load_issuer(out)
     if issuer is None:
         issuer = new_ca(f"headroom webhook CA ({namespace}/{service})", now)
-        _write(out / CA_KEY, _key_pem(issuer.key), private=True)
-        _write(out / CA_CERT, _cert_pem(issuer.certificate))
+        _write(out / CA_KEY, key_pem(issuer.key), private=True)
+        _write(out / CA_CERT, cert_pem(issuer.certificate))
     names = service_names(service, namespace) + list(dns)
     certificate, key = serving_certificate(issuer, names, addresses, now)
     # Key first: a reader that sees the new cert with the old key fails to load
     # the pair and retries; the reverse order would give the same, but this
     # keeps the window as short as two renames.
-    _write(out / TLS_KEY, _key_pem(key), private=True)
-    _write(out / TLS_CERT, _cert_pem(certificate))
+    _write(out / TLS_KEY, key_pem(key), private=True)
+    _write(out / TLS_CERT, cert_pem(certificate))
     return certificate
 
 
@@ -194,11 +194,11 @@ def _check_dns_name(name: str) -> None:
         raise CertificateRequestError(f"{name!r} is not a lowercase DNS name")
 
 
-def _cert_pem(certificate: x509.Certificate) -> bytes:
+def cert_pem(certificate: x509.Certificate) -> bytes:
     return certificate.public_bytes(serialization.Encoding.PEM)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,

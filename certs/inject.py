@@ -1,12 +1,15 @@
 """Put a CA into every webhook of a MutatingWebhookConfiguration (its caBundle).
 
-The patch is a JSON Patch that first tests the object's resourceVersion, so a
-configuration edited between our read and our write is re-read rather than
-overwritten with a stale list of webhooks.
+A configuration whose webhooks all carry the bundle already is not written at
+all, so a periodic run leaves its resourceVersion alone. The patch is a JSON
+Patch that first tests the object's resourceVersion, so a configuration edited
+between our read and our write is re-read rather than overwritten with a stale
+list of webhooks.
 """
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -19,6 +22,14 @@ ATTEMPTS = 5
 
 class InjectError(RuntimeError):
     """The CA or the configuration is not usable; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    webhooks: int
+    """How many webhooks carry the bundle now."""
+    patched: bool
+    """False when every webhook carried it already (nothing was written)."""
 
 
 def read_ca(pem: bytes, source: str) -> bytes:
@@ -58,8 +69,17 @@ def ca_bundle_patch(configuration: dict[str, Any], ca_pem: bytes) -> list[dict[s
     return ops
 
 
-def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> int:
-    """Patch the caBundle in; returns how many webhooks now carry it."""
+def has_ca_bundle(configuration: dict[str, Any], ca_pem: bytes) -> bool:
+    """True if every webhook of ``configuration`` (at least one) carries ``ca_pem``."""
+    bundle = base64.b64encode(ca_pem).decode("ascii")
+    webhooks = configuration.get("webhooks") or []
+    return bool(webhooks) and all(
+        (webhook.get("clientConfig") or {}).get("caBundle") == bundle for webhook in webhooks
+    )
+
+
+def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> Injection:
+    """Patch the caBundle in, unless it is there already."""
     admission = client.AdmissionregistrationV1Api(api)
     for _ in range(ATTEMPTS):
         try:
@@ -75,7 +95,9 @@ def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> int:
                 ) from err
             raise InjectError(f"reading MutatingWebhookConfiguration {webhook}: {err}") from err
         configuration = json.loads(response.data)
-        ops = ca_bundle_patch(configuration, ca_pem)
+        ops = ca_bundle_patch(configuration, ca_pem)  # validates even when nothing changes
+        if has_ca_bundle(configuration, ca_pem):
+            return Injection(len(configuration["webhooks"]), patched=False)
         try:
             admission.patch_mutating_webhook_configuration(
                 webhook, ops, _content_type=JSON_PATCH, _preload_content=False
@@ -84,7 +106,7 @@ def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> int:
             if err.status in (409, 422) and _test_failed(err):
                 continue  # changed since we read it: read again
             raise InjectError(f"patching MutatingWebhookConfiguration {webhook}: {err}") from err
-        return len(ops) - (1 if ops[0]["op"] == "test" else 0)
+        return Injection(len(configuration["webhooks"]), patched=True)
     raise InjectError(f"MutatingWebhookConfiguration {webhook} kept changing; try again")
 
 

@@ -2,18 +2,41 @@
 
   headroom certs generate --service NAME --namespace NS [--ip IP] [--dns NAME] --out DIR
   headroom certs inject --webhook NAME --ca DIR/ca.crt [--kubeconfig PATH]
+  headroom certs secret --namespace NS --service NAME [--secret headroom-webhook-tls]
+      [--ca-secret headroom-webhook-ca] [--webhook NAME] [--renew-before 30d]
+      [--dns NAME] [--ip IP] [--kubeconfig PATH]
 
 ``generate`` reuses the CA already in DIR (so rotating the serving certificate
 needs no new caBundle) unless --new-ca is given.
+
+``secret`` is what the in-cluster Job and CronJob run: the CA lives in its own
+Secret, created once and reused; the serving Secret (kubernetes.io/tls) is
+(re)issued only when missing, expiring within --renew-before, not signed by the
+CA, or naming other SANs; otherwise nothing is written. With --webhook the
+caBundle is set too, which changes only with the CA. Exit 0 when in line
+(written or not), 1 on an API error, 2 on a malformed Secret or bad argument.
 """
 
 import argparse
+import datetime
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_WINDOW = re.compile(r"^(?P<number>[0-9]+)(?P<unit>d|h|m)$")
+_WINDOW_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+
+
+def renewal_window(text: str) -> datetime.timedelta:
+    """``30d``, ``720h`` or ``90m``: how long before expiry to re-issue."""
+    match = _WINDOW.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (expected e.g. 30d, 720h)")
+    return datetime.timedelta(**{_WINDOW_UNITS[match["unit"]]: int(match["number"])})
 
 
 def add_parser(subparsers: Any) -> None:
@@ -43,10 +66,35 @@ def add_parser(subparsers: Any) -> None:
     inject.add_argument("--webhook", required=True, help="MutatingWebhookConfiguration name")
     inject.add_argument("--ca", required=True, type=Path, metavar="FILE", help="CA PEM file")
     inject.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file")
+
+    secret = actions.add_parser(
+        "secret", help="keep the CA and serving-cert Secrets (and caBundle) issued and fresh"
+    )
+    secret.add_argument("--namespace", required=True, help="the Service's (and Secrets') namespace")
+    secret.add_argument("--service", required=True, help="the webhook's Service name")
+    secret.add_argument(
+        "--secret", default="headroom-webhook-tls", help="serving Secret (kubernetes.io/tls)"
+    )
+    secret.add_argument(
+        "--ca-secret", default="headroom-webhook-ca", help="CA Secret (ca.crt, ca.key)"
+    )
+    secret.add_argument("--webhook", help="MutatingWebhookConfiguration to set the caBundle of")
+    secret.add_argument(
+        "--renew-before",
+        type=renewal_window,
+        default=datetime.timedelta(days=30),
+        metavar="DURATION",
+        help="re-issue the serving cert this long before it expires (default 30d)",
+    )
+    secret.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
+    secret.add_argument("--ip", action="append", default=[], help="extra IP SAN (repeatable)")
+    secret.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.certs_command == "secret":
+        return run_secret(args)
     return run_inject(args) if args.certs_command == "inject" else run_generate(args)
 
 
@@ -83,12 +131,45 @@ def run_inject(args: argparse.Namespace) -> int:
 
     try:
         ca_pem = read_ca(args.ca.read_bytes(), str(args.ca))
-        count = inject_ca_bundle(api_client(args.kubeconfig), args.webhook, ca_pem)
+        injection = inject_ca_bundle(api_client(args.kubeconfig), args.webhook, ca_pem)
     except OSError as err:
         log.error("--ca %s: %s", args.ca, err)
         return 2
     except (InjectError, KubeConfigError) as err:
         log.error("%s", err)
         return 1
-    print(f"caBundle set on {count} webhook(s) of MutatingWebhookConfiguration {args.webhook}")
+    done = "set" if injection.patched else "already set"
+    print(
+        f"caBundle {done} on {injection.webhooks} webhook(s) of "
+        f"MutatingWebhookConfiguration {args.webhook}"
+    )
+    return 0
+
+
+def run_secret(args: argparse.Namespace) -> int:
+    from certs.generate import CertificateRequestError, parse_ips
+    from certs.inject import InjectError
+    from certs.reconciler import Request, SecretApiError, reconcile
+    from certs.secrets import SecretError
+    from kube.config import KubeConfigError, api_client
+
+    try:
+        request = Request(
+            namespace=args.namespace,
+            service=args.service,
+            secret=args.secret,
+            ca_secret=args.ca_secret,
+            webhook=args.webhook,
+            renew_before=args.renew_before,
+            dns=tuple(args.dns),
+            ips=tuple(parse_ips(args.ip)),
+        )
+        outcome = reconcile(api_client(args.kubeconfig), request, report=print)
+    except (SecretError, CertificateRequestError) as err:
+        log.error("%s", err)
+        return 2
+    except (SecretApiError, InjectError, KubeConfigError) as err:
+        log.error("%s", err)
+        return 1
+    print("changes written" if outcome.wrote else "in line; nothing written")
     return 0

@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 
 from certs.generate import generate
-from certs.inject import InjectError, ca_bundle_patch, read_ca
+from certs.inject import InjectError, ca_bundle_patch, has_ca_bundle, read_ca
 
 
 def configuration(webhooks: int) -> dict[str, Any]:
@@ -64,3 +64,14 @@ def test_a_serving_certificate_is_not_a_ca(tmp_path: Path) -> None:
 def test_text_that_is_no_certificate_is_an_error() -> None:
     with pytest.raises(InjectError, match="no PEM certificate"):
         read_ca(b"hello", "ca.crt")
+
+
+def test_a_bundle_counts_as_set_only_when_every_webhook_carries_it() -> None:
+    partly = configuration(2)
+    partly["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(b"pem").decode()
+    fully = jsonpatch.apply_patch(partly, ca_bundle_patch(partly, b"pem"))
+
+    assert not has_ca_bundle(partly, b"pem")
+    assert has_ca_bundle(fully, b"pem")
+    assert not has_ca_bundle(fully, b"other")
+    assert not has_ca_bundle(configuration(0), b"pem")

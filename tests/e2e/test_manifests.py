@@ -23,6 +23,7 @@ WORKLOADS = {
     ("Deployment", "headroom-scheduler"),
     ("DaemonSet", "headroom-agent"),
     ("Job", "headroom-certs"),
+    ("CronJob", "headroom-certs-renew"),
     ("Service", "headroom-webhook"),
     ("PodDisruptionBudget", "headroom-webhook"),
 }
@@ -77,6 +78,8 @@ def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) ->
     keys = _keys(objects)
 
     assert ("Job", "headroom-certs") not in keys
+    assert ("CronJob", "headroom-certs-renew") not in keys
+    assert ("ServiceAccount", "headroom-certs") not in keys
     assert ("Certificate", "headroom-webhook") in keys
     configuration = next(o for o in objects if o["kind"] == "MutatingWebhookConfiguration")
     annotations = configuration["metadata"]["annotations"]
