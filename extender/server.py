@@ -27,7 +27,6 @@ from extender.wire import (
     ExtenderBindingResult,
     ExtenderFilterResult,
     NotJSON,
-    host_priority_list_json,
     parse,
 )
 
@@ -108,13 +107,13 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
 
     async def prioritize(body: bytes) -> Answered:
         try:
-            scores = extender.prioritize(parse(ExtenderArgs, body))
+            answer = extender.prioritize(parse(ExtenderArgs, body))
         except NotJSON as err:
             return _error(str(err), 400), "not-json"
         except (BadShape, CandidateError) as err:
             # The protocol's answer is a bare list: no room for an error but the status.
             return _error(f"ExtenderArgs: {err}", 400), "bad-request"
-        return web.Response(body=host_priority_list_json(scores), content_type=JSON), "ok"
+        return web.Response(body=answer, content_type=JSON), "ok"
 
     async def bind(body: bytes) -> Answered:
         try:

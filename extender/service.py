@@ -11,6 +11,7 @@ from kubernetes import client
 
 from extender.binding import api_binder
 from extender.cache import Caches
+from extender.collector import freeze_all, run_collector
 from extender.server import make_app
 from extender.state import ClusterState
 from extender.verbs import Extender
@@ -29,18 +30,17 @@ class Settings:
     assume_ttl_seconds: float = 60.0
 
 
-async def _freeze_after_sync(caches: Caches) -> None:
-    """Move the synced caches out of the cyclic collector's sight.
+async def _collect_after_sync(caches: Caches) -> None:
+    """Once the caches have synced, keep garbage collection off the request path.
 
     Thousands of cached nodes and pods make every full collection a pause of
     hundreds of milliseconds (measured by bench/extender_bench.py), longer than
-    kube-scheduler's extender timeout allows. They hold no reference cycles,
-    and refcounting still frees them when replaced.
+    kube-scheduler's extender timeout allows: see extender/collector.py.
     """
     await asyncio.gather(*(informer.synced.wait() for informer in caches.informers))
-    gc.collect()
-    gc.freeze()
+    freeze_all()
     log.info("caches synced; %d objects frozen out of garbage collection", gc.get_freeze_count())
+    await run_collector()
 
 
 async def serve(settings: Settings) -> None:
@@ -57,7 +57,7 @@ async def serve(settings: Settings) -> None:
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
-    freezer = asyncio.create_task(_freeze_after_sync(caches))
+    collector = asyncio.create_task(_collect_after_sync(caches))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,7 +72,7 @@ async def serve(settings: Settings) -> None:
     try:
         await stopping.wait()
     finally:
-        freezer.cancel()
+        collector.cancel()
         caches.stop()
         await runner.cleanup()
         api.close()

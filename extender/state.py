@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from extender.verdicts import Verdicts
 from headroom.accounting import NodeAccount, account_node
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
@@ -62,6 +63,8 @@ class ClusterState:
         """Node -> headroom for a shared pod, for every cached account: the filter's index."""
         self.shared_room: dict[str, tuple[int, int]] = {}
         """Node -> (shared headroom, total of its tightest GPU): prioritize's index."""
+        self.verdicts = Verdicts()
+        """Reasons and scores worked out per node, dropped with the node's account."""
         self._dirty: set[str] = set()
         """Nodes whose account an event invalidated since the last :meth:`prepare`."""
         self._stale_heap: list[tuple[float, str]] = []
@@ -120,6 +123,7 @@ class ClusterState:
         self._accounts.clear()
         self.shared_headroom.clear()
         self.shared_room.clear()
+        self.verdicts.clear()
         self._dirty = set(self.nodes)
 
     # --- accounting ---------------------------------------------------------
@@ -258,6 +262,7 @@ class ClusterState:
         self._accounts.pop(node, None)
         self.shared_headroom.pop(node, None)
         self.shared_room.pop(node, None)
+        self.verdicts.drop(node)
 
 
 def _pod_key(obj: Mapping[str, Any]) -> str:

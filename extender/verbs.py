@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.state import ClusterState
+from extender.verdicts import UNKNOWN_NODE
 from extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    host_priority_item,
+    json_array,
 )
-from headroom.accounting import NO_GPU_HEADROOM
 from headroom.claims import PodClaim, parse_claim
-from headroom.placement import fit, score, shared_scores
+from headroom.placement import Fit, fit, score
 from headroom.podspec import PodError
 
 log = logging.getLogger(__name__)
@@ -28,9 +30,6 @@ log = logging.getLogger(__name__)
 Binder = Callable[[str, str, str, str], Awaitable[None]]
 """``(namespace, name, uid, node)``: create the pod's ``pods/binding``; raises BindError."""
 
-UNKNOWN_NODE = "node is not in the extender's cache (unknown node, or the cache is behind)"
-_UNKNOWN = NO_GPU_HEADROOM - 1
-"""Below any node's headroom: a node missing from the index fails every pod."""
 NOT_READY = "headroom extender: caches not synced yet (nodes, pods, GPUNodeReports); retry"
 
 
@@ -78,38 +77,38 @@ class Extender:
         now = state.clock()
         state.prepare(now)
         accounts = state.accounts()
-        if claim.mig:
-            passed = [n for n in candidates.names if (a := accounts.get(n)) and fit(a, claim).fits]
-        else:
-            # Shared only, the common case: one comparison per node over a flat index.
-            headroom, need = state.shared_headroom, claim.need
-            passed = [n for n in candidates.names if headroom.get(n, _UNKNOWN) >= need]
-        failed: dict[str, str] = {}
-        if len(passed) < len(candidates.names):
-            kept = set(passed)
-            for name in candidates.names:
-                if name not in kept:
-                    account = accounts.get(name)
-                    failed[name] = UNKNOWN_NODE if account is None else fit(account, claim).reason
+        if not claim.mig:  # shared only: the common case, over the flat index
+            passed, failed = state.verdicts.filter(
+                candidates.names, claim, state.shared_headroom, accounts
+            )
+            return _result(args, candidates, passed, failed, {})
+        passed, failed = [], {}
+        for name in candidates.names:
+            account = accounts.get(name)
+            verdict = Fit(False, UNKNOWN_NODE) if account is None else fit(account, claim)
+            if verdict.fits:
+                passed.append(name)
+            else:
+                failed[name] = verdict.reason
         return _result(args, candidates, passed, failed, {})
 
     # --- prioritize ---------------------------------------------------------
 
-    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
-        """``(host, score)`` for every candidate; raises CandidateError on a malformed request."""
+    def prioritize(self, args: ExtenderArgs) -> bytes:
+        """The HostPriorityList (JSON) for every candidate; raises CandidateError if malformed."""
         claim = _claim(args)
-        candidates = _candidates(args)
+        names = _candidates(args).names
         if not claim.wants_gpu or claim.problem or not self.ready():
-            return [(name, 0) for name in candidates.names]
+            return json_array(host_priority_item(name, 0) for name in names)
         state = self.state
         state.prepare(state.clock())
-        if not claim.mig:  # shared only: the common case, over the flat indexes
-            return shared_scores(candidates.names, state.shared_room, claim.need, claim.placement)
+        if not claim.mig:  # shared only: the common case, over the flat index
+            return json_array(state.verdicts.scores(names, claim, state.shared_room))
         accounts = state.accounts()
-        return [
-            (name, 0 if (account := accounts.get(name)) is None else score(account, claim))
-            for name in candidates.names
-        ]
+        return json_array(
+            host_priority_item(name, 0 if (a := accounts.get(name)) is None else score(a, claim))
+            for name in names
+        )
 
     # --- bind ---------------------------------------------------------------
 

@@ -6,11 +6,11 @@ and nodes stay plain JSON dicts: unknown fields are kept, and in NodeList mode
 the node objects are echoed back exactly as they came.
 """
 
+import json
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from pydantic_core import to_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -55,13 +55,32 @@ HostPriorityList = TypeAdapter(list[HostPriority])
 """The prioritize answer, a bare JSON list (for validating answers, e.g. in tests)."""
 
 
-def host_priority_list_json(scores: Iterable[tuple[str, int]]) -> bytes:
-    """The prioritize answer from ``(host, score)`` pairs, scores already 0..10.
+def host_priority_start(host: str) -> str:
+    """``{"Host":"n1","Score":``: a HostPriority as JSON text, up to its score."""
+    return f'{{"Host":{json.dumps(host)},"Score":'
 
-    Built from plain dicts: at 5,000 nodes, creating one HostPriority model per
-    host costs over ten milliseconds, the dicts a fraction of one.
+
+SCORE_ENDS = tuple(f"{score}}}" for score in range(11))
+"""The rest of a HostPriority after :func:`host_priority_start`, by score 0..10."""
+
+
+def host_priority_item(host: str, score: int) -> str:
+    """One HostPriority as JSON text, ``{"Host":"n1","Score":7}``, score already 0..10.
+
+    Text rather than a model or a dict: the extender keeps these per node and
+    joins thousands of them into one answer (:func:`json_array`) per request.
     """
-    return to_json([{"Host": host, "Score": score} for host, score in scores])
+    return host_priority_start(host) + SCORE_ENDS[score]
+
+
+def json_array(items: Iterable[str]) -> bytes:
+    """``[a,b,...]`` from items that are each JSON text already."""
+    return ("[" + ",".join(items) + "]").encode()
+
+
+def host_priority_list_json(scores: Iterable[tuple[str, int]]) -> bytes:
+    """The prioritize answer, a bare JSON list, from ``(host, score)`` pairs."""
+    return json_array(host_priority_item(host, score) for host, score in scores)
 
 
 class ExtenderBindingArgs(_Wire):

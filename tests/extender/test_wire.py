@@ -13,6 +13,8 @@ from extender.wire import (
     HostPriority,
     HostPriorityList,
     NotJSON,
+    host_priority_item,
+    json_array,
     parse,
 )
 
@@ -59,3 +61,13 @@ def test_errors_name_the_field() -> None:
         parse(ExtenderArgs, b'{"NodeNames": ["a", null]}')
     with pytest.raises(BadShape, match="and 2 more"):
         parse(ExtenderArgs, b'{"NodeNames": [1, 2, 3, 4, 5]}')
+
+
+def test_host_priority_text_is_the_wire_list() -> None:
+    odd = 'we"ird\\node\u00e9'  # a name from a request is escaped, never trusted
+    answer = json_array([host_priority_item("gpu-a", 10), host_priority_item(odd, 0)])
+    assert HostPriorityList.validate_json(answer) == [
+        HostPriority(Host="gpu-a", Score=10),
+        HostPriority(Host=odd, Score=0),
+    ]
+    assert json_array([]) == b"[]"

@@ -6,7 +6,7 @@ from typing import Any
 from headroom.accounting import NodeAccount, account_node
 from headroom.claims import PodClaim
 from headroom.nodes import MigSlices, NodeGPUs
-from headroom.placement import fit, score
+from headroom.placement import fit, score, shared_scores
 
 GIB = 2**30
 MARGIN = GIB // 2
@@ -116,3 +116,14 @@ def test_mig_scores_by_free_slices() -> None:
     idle = accounted(node("idle", mig=mig))
     assert score(busy, want, "binpack") > score(idle, want, "binpack")
     assert score(busy, want, "spread") < score(idle, want, "spread")
+
+
+def test_shared_scores_from_flat_figures_equal_score() -> None:
+    accounts = [accounted(node("a"), used("x", gib)) for gib in (0, 7.5, 20, 31, 39)]
+    figures = [(account.shared_headroom, account.shared_total) for account in accounts]
+    for placement in ("binpack", "spread"):
+        pod = claim(8, placement=placement)
+        assert shared_scores([*figures, None], pod.need, placement == "spread") == [
+            *(score(account, pod) for account in accounts),
+            0,  # a node the cache does not hold
+        ]
