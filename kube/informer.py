@@ -62,6 +62,8 @@ class Informer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.relists = 0
+        self.windows = 0
+        """Watch windows the server closed and that were resumed without a re-list."""
 
     def start(self) -> None:
         """Start the watch thread; ``synced`` is set after the first full list."""
@@ -82,11 +84,19 @@ class Informer:
                 failures = 0
                 self._watch(version)
             except Exception as err:  # any failure means: back off, then re-list
+                if self._stopping.is_set():
+                    return
                 failures += 1
                 delay = min(BACKOFF_MAX_SECONDS, 0.5 * 2 ** min(failures, 6))
                 delay *= random.uniform(0.8, 1.2)
                 level = logging.INFO if _is_gone(err) else logging.WARNING
-                log.log(level, "%s: watch ended (%s); re-listing in %.1fs", self.name, err, delay)
+                log.log(
+                    level,
+                    "%s: watch ended (%s); re-listing in %.1fs",
+                    self.name,
+                    _describe(err),
+                    delay,
+                )
                 self._stopping.wait(delay)
 
     def _relist(self) -> str:
@@ -98,31 +108,37 @@ class Informer:
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
     def _watch(self, version: str) -> None:
+        """Watch from ``version`` until an error; a window the server closes
+        resumes from the last version seen (bookmarks included), so a quiet
+        cluster is not re-listed every few minutes."""
+
         def list_raw(**kwargs: Any) -> Any:
             # No docstring: the client then skips model deserialisation and
             # hands us the raw JSON object, which is all the caches need.
             return self._list(**kwargs)
 
-        stream = watch.Watch()
-        for event in stream.stream(
-            list_raw,
-            resource_version=version,
-            timeout_seconds=WATCH_WINDOW_SECONDS,
-            allow_watch_bookmarks=True,
-            _request_timeout=WATCH_WINDOW_SECONDS + 30,
-            **self._list_kwargs,
-        ):
-            if self._stopping.is_set():
-                stream.stop()
-                return
-            kind = event.get("type")
-            obj = event.get("raw_object") or event.get("object")
-            if kind == "ERROR":
-                code = obj.get("code") if isinstance(obj, dict) else None
-                raise ApiException(status=code or 500, reason=str(obj))
-            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
-                self._post(self._apply, kind, obj)
-        # The server closed the window: re-list to be safe about missed events.
+        while not self._stopping.is_set():
+            stream = watch.Watch()
+            for event in stream.stream(
+                list_raw,
+                resource_version=version,
+                timeout_seconds=WATCH_WINDOW_SECONDS,
+                allow_watch_bookmarks=True,
+                _request_timeout=WATCH_WINDOW_SECONDS + 30,
+                **self._list_kwargs,
+            ):
+                if self._stopping.is_set():
+                    stream.stop()
+                    return
+                kind = event.get("type")
+                obj = event.get("raw_object") or event.get("object")
+                if kind == "ERROR":
+                    code = obj.get("code") if isinstance(obj, dict) else None
+                    raise ApiException(status=code or 500, reason=str(obj))
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                    self._post(self._apply, kind, obj)
+            version = stream.resource_version or version
+            self.windows += 1
 
     def _post(self, func: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -153,6 +169,13 @@ class Informer:
             self.items[key] = obj
         if self._handler:
             self._handler(kind, obj)
+
+
+def _describe(err: Exception) -> str:
+    """One line: ApiException's own text spans several (headers, body)."""
+    if isinstance(err, ApiException):
+        return f"{err.status} {' '.join(str(err.reason).split())}"[:300]
+    return f"{type(err).__name__}: {err}"[:300]
 
 
 def _is_gone(err: Exception) -> bool:
