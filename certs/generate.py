@@ -151,6 +151,14 @@ def generate(
     addresses = parse_ips(ips)
     out.mkdir(parents=True, exist_ok=True)
     issuer = None if new_ca_always else load_issuer(out)
+    if issuer is not None and issuer.certificate.not_valid_after_utc <= now + CLOCK_SKEW:
+        # A serving certificate cannot outlive its CA; reusing this one would make
+        # a certificate that expired before it was issued.
+        expired = issuer.certificate.not_valid_after_utc
+        raise CertificateRequestError(
+            f"{out / CA_CERT} expires {expired:%Y-%m-%d %H:%M}Z; issue a new CA with --new-ca "
+            "(and inject the new caBundle)"
+        )
     if issuer is None:
         issuer = new_ca(f"headroom webhook CA ({namespace}/{service})", now)
         _write(out / CA_KEY, key_pem(issuer.key), private=True)

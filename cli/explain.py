@@ -37,6 +37,20 @@ class InputError(Exception):
     """A file or argument ``explain`` cannot use; exit code 2."""
 
 
+class _ManifestLoader(yaml.SafeLoader):
+    """YAML as the apiserver reads a manifest: an unquoted timestamp stays a string.
+
+    ``kubectl get -o yaml`` writes ``creationTimestamp: 2024-05-01T10:00:00Z``;
+    SafeLoader would make it a ``datetime``, which JSON output cannot carry.
+    """
+
+
+_ManifestLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "explain",
@@ -181,7 +195,7 @@ def _read(path: str) -> str:
 
 def _objects(text: str, where: str = "nodes") -> list[Any]:
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        documents = [doc for doc in yaml.load_all(text, _ManifestLoader) if doc is not None]
     except yaml.YAMLError as err:
         raise InputError(f"{where}: not valid YAML: {err}") from err
     flat: list[Any] = []

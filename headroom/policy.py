@@ -48,6 +48,13 @@ the same pattern. No exponents, no milli-bytes, no zero: none mean memory."""
 MIG_PROFILE_PATTERN = r"^[1-9][0-9]*g\.[1-9][0-9]*gb([+-][a-z]+(\.[a-z]+)*)?$"
 """``3g.20gb``, ``1g.10gb+me``, ``1g.24gb-me``: NVIDIA's MIG profile names."""
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""What the apiserver accepts as a nodeSelector or toleration value (a label value)."""
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label key (``prefix/name``, name at most 63): a nodeSelector or toleration key."""
 
 Mode = Literal["shared", "mig", "exclusive", "passthrough"]
 
@@ -72,9 +79,9 @@ class _Strict(BaseModel):
 class Toleration(_Strict):
     """``core/v1`` Toleration, the shape the pod gets verbatim."""
 
-    key: str | None = Field(default=None, max_length=316)
+    key: str | None = Field(default=None, max_length=316, pattern=LABEL_KEY_PATTERN)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(default=None, max_length=63)
+    value: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE_PATTERN)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
@@ -86,6 +93,8 @@ class Toleration(_Strict):
             raise ValueError("value must be empty when operator is Exists")
         if not self.key and self.operator != "Exists":
             raise ValueError("operator must be Exists when key is empty")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("effect must be NoExecute when tolerationSeconds is set")
         return self
 
     def as_pod_toleration(self) -> dict[str, Any]:
@@ -110,7 +119,8 @@ class GPUSharingPolicySpec(_Strict):
     mig: MigPolicy = Field(default_factory=MigPolicy)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     node_selector: dict[
-        Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=63)]
+        Annotated[str, Field(max_length=316, pattern=LABEL_KEY_PATTERN)],
+        Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)],
     ] = Field(default_factory=dict, max_length=32)
     scheduler_name: str = Field(
         default=HEADROOM_SCHEDULER, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253

@@ -252,6 +252,11 @@ class Rewrite:
 
     def _env_hints(self, item: Placed, spec: GPUSharingPolicySpec) -> None:
         body = item.request.container.body
+        if sequence(body, "envFrom", f"{item.request.container.where}.envFrom"):
+            # An explicit env entry beats envFrom, and which names a ConfigMap or
+            # Secret sets is unknown here: a hint could override the user's value.
+            self.notes.append(f"{item.label}: env hints not added (it uses envFrom)")
+            return
         where = f"{item.request.container.where}.env"
         env = sequence(body, "env", where)
         present = set()

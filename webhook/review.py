@@ -95,7 +95,9 @@ class AdmissionResponse(BaseModel):
     def deny(
         cls, uid: str, code: int, message: str, warnings: list[str] | None = None
     ) -> "AdmissionResponse":
-        reason = {400: "BadRequest", 403: "Forbidden"}.get(code, "InternalError")
+        reason = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}.get(
+            code, "InternalError"
+        )
         return cls(
             uid=uid,
             allowed=False,

@@ -79,6 +79,20 @@ def test_regenerating_reuses_the_ca_unless_asked(tmp_path: Path) -> None:
     verify(tmp_path, x509.DNSName("w.n.svc"))
 
 
+def test_an_expired_ca_is_refused_not_reused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=4000)
+    generate(tmp_path, service="w", namespace="n", now=long_ago)  # CA valid 3650 days
+    ca = (tmp_path / "ca.crt").read_bytes()
+    assert main([*ARGS, "--out", str(tmp_path)]) == 2
+    assert "ca.crt expires" in caplog.text
+    assert "--new-ca" in caplog.text
+    assert (tmp_path / "ca.crt").read_bytes() == ca
+    assert main([*ARGS, "--new-ca", "--out", str(tmp_path)]) == 0
+    verify(tmp_path, x509.DNSName("headroom-webhook.headroom-system.svc"))
+
+
 def test_the_ca_is_a_ca_and_the_leaf_is_not(tmp_path: Path) -> None:
     generate(tmp_path, service="w", namespace="n")
     ca = load(tmp_path / "ca.crt").extensions.get_extension_for_class(x509.BasicConstraints)

@@ -124,6 +124,25 @@ def test_nodes_file_gives_the_mig_offer(capsys: pytest.CaptureFixture[str], tmp_
     assert any("using larger 3g.20gb" in w for w in result["warnings"])
 
 
+def test_a_pod_from_kubectl_get_keeps_its_timestamps_as_strings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # kubectl get -o yaml writes unquoted timestamps; JSON output must still work.
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n"
+        "  creationTimestamp: 2024-05-01T10:00:00Z\nspec:\n  containers:\n"
+        "  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}\n"
+    )
+    code, out, _ = explain(capsys, "-f", str(pod), "--policy", SHARED, "-o", "json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["pod"]["metadata"]["creationTimestamp"] == "2024-05-01T10:00:00Z"
+    assert result["pod"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu.shared": "1"
+    }
+
+
 @pytest.mark.parametrize(
     ("manifest", "message"),
     [

@@ -86,8 +86,14 @@ VALID_SPECS: list[Any] = [
     {},
     {"mode": "mig", "mig": {"allowedProfiles": ["1g.10gb+me", "3g.20gb"], "fallback": "deny"}},
     {"defaultMemory": "512Mi", "maxMemory": "1.5Gi"},
-    {"tolerations": [{"operator": "Exists"}, {"key": "k", "value": "v", "tolerationSeconds": 5}]},
+    {
+        "tolerations": [
+            {"operator": "Exists"},
+            {"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 5},
+        ]
+    },
     {"nodeSelector": {"a/b": "c"}, "schedulerName": "my.scheduler-1"},
+    {"nodeSelector": {"nvidia.com/gpu.sharing-strategy": "time-slicing", "empty": ""}},
 ]
 INVALID_SPECS: list[Any] = [
     {"mode": "timeslicing"},
@@ -109,6 +115,12 @@ INVALID_SPECS: list[Any] = [
     {"tolerations": {"key": "k"}},
     {"nodeSelector": {"a": 1}},
     {"nodeSelector": {"a": "x" * 64}},
+    # Label values the apiserver would refuse on the pod this policy patches.
+    {"nodeSelector": {"a": "two words"}},
+    {"nodeSelector": {"a": "-dash"}},
+    {"tolerations": [{"key": "k", "value": "a b"}]},
+    {"tolerations": [{"key": "bad key"}]},
+    {"tolerations": [{"key": "Upper.Prefix/name"}]},
     {"schedulerName": "Upper"},
     {"placement": "random"},
     {"sharing": "mig"},
@@ -147,6 +159,16 @@ def test_both_sides_agree(spec: Any) -> None:
             "self.operator != 'Exists'",
         ),
         ({"tolerations": [{"value": "v"}]}, "self.key != ''"),
+        # The apiserver refuses a pod whose toleration sets tolerationSeconds without NoExecute.
+        (
+            {"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]},
+            "self.effect == 'NoExecute'",
+        ),
+        ({"tolerations": [{"key": "k", "tolerationSeconds": 5}]}, "self.effect == 'NoExecute'"),
+        # Map keys have no OpenAPI pattern; CEL checks nodeSelector keys are label keys.
+        ({"nodeSelector": {"bad key": "v"}}, "self.all(k, k.size() <= 316"),
+        ({"nodeSelector": {"a/b/c": "v"}}, "self.all(k, k.size() <= 316"),
+        ({"nodeSelector": {"x/" + "n" * 64: "v"}}, "self.all(k, k.size() <= 316"),
     ],
 )
 def test_cross_field_rules_are_cel_in_the_crd_and_checked_by_the_model(

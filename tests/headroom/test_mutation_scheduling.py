@@ -136,6 +136,16 @@ def test_rule8_an_env_the_user_set_is_never_overridden() -> None:
     assert "env" not in shipper
 
 
+def test_rule8_no_hints_beside_envfrom_which_may_set_them() -> None:
+    # env overrides envFrom in Kubernetes, so an added hint could override a
+    # value the user set in a ConfigMap.
+    pod = load_pod("tensorflow-deployment")
+    container(pod)["envFrom"] = [{"configMapRef": {"name": "tf-settings"}}]
+    decision = run(pod, scheduling_policy(envHints=True))
+    assert "env" not in container(patched(pod, decision))
+    assert any("env hints not added (it uses envFrom)" in w for w in decision.warnings)
+
+
 def test_rule8_no_hints_for_whole_gpus() -> None:
     pod = load_pod("dcgmproftester-2gpu-deployment")
     assert "env" not in container(patched(pod, run(pod, scheduling_policy(envHints=True))))

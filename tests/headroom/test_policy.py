@@ -77,6 +77,13 @@ def test_tolerations_come_back_in_pod_shape() -> None:
         ),
         ({"tolerations": [{"value": "v"}]}, "operator must be Exists"),
         ({"tolerations": [{"key": "k", "tolerationSeconds": "30"}]}, "tolerationSeconds"),
+        (
+            {"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+            "effect must be NoExecute when tolerationSeconds is set",
+        ),
+        ({"tolerations": [{"key": "k", "value": "a b"}]}, "spec.tolerations.0.value"),
+        ({"nodeSelector": {"a": "two words"}}, "spec.nodeSelector.a"),
+        ({"nodeSelector": {"bad key": "v"}}, "spec.nodeSelector.bad key"),
         ({"nodeSelector": {"a": 1}}, "spec.nodeSelector.a"),
         ({"schedulerName": "Not_A_Name"}, "spec.schedulerName"),
         ({"envHints": "true"}, "spec.envHints"),

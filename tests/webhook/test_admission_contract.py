@@ -225,6 +225,7 @@ async def test_a_namespace_the_cache_has_not_seen_denies_rather_than_guess(clien
     response = await admit(client, document)
     assert response["allowed"] is False
     assert response["status"]["code"] == 503
+    assert response["status"]["reason"] == "ServiceUnavailable"
     assert "brand-new" in response["status"]["message"]
 
 
