@@ -11,15 +11,17 @@ import json
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, MaxRetryError
 
 from extender.verbs import Binder, BindError
 
-REQUEST_TIMEOUT_SECONDS = 10
-"""Below the scheduler's bind timeout, so that the scheduler hears our answer."""
+REQUEST_TIMEOUT_SECONDS = 4.0
+"""Below kube-scheduler's extender ``httpTimeout`` (5 s by default and in the
+shipped configuration), which bounds the whole bind verb: a slower answer is
+one the scheduler no longer waits for."""
 
 
-def api_binder(api: client.CoreV1Api) -> Binder:
+def api_binder(api: client.CoreV1Api, *, timeout: float = REQUEST_TIMEOUT_SECONDS) -> Binder:
     async def bind(namespace: str, name: str, uid: str, node: str) -> None:
         body = client.V1Binding(
             metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
@@ -31,14 +33,24 @@ def api_binder(api: client.CoreV1Api) -> Binder:
                 namespace,
                 body,
                 _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                _request_timeout=timeout,
             )
         except ApiException as err:
-            raise BindError(_status_message(err)) from err
+            # A 5xx (or no status) may come after the binding was stored.
+            uncertain = not err.status or err.status >= 500
+            raise BindError(_status_message(err), uncertain=uncertain) from err
         except (HTTPError, OSError) as err:
-            raise BindError(f"apiserver unreachable: {err}") from err
+            raise BindError(
+                f"apiserver unreachable: {err}", uncertain=not _never_sent(err)
+            ) from err
 
     return bind
+
+
+def _never_sent(err: Exception) -> bool:
+    """True when the connection was never made, so the apiserver never saw the binding."""
+    reason = err.reason if isinstance(err, MaxRetryError) else err
+    return isinstance(reason, ConnectTimeoutError | ConnectionRefusedError)
 
 
 def _status_message(err: ApiException) -> str:

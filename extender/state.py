@@ -215,6 +215,9 @@ class ClusterState:
         Synchronous on purpose: check and record happen with no await between,
         so concurrent binds to one node are serialised by the event loop.
         """
+        # Authoritative, so never on a cached account whose report has since
+        # turned stale: a stale report must not vouch for the room it showed.
+        self.refresh(self.clock())
         cached = self.pods.get(claim.uid)
         if cached is not None and cached.node:
             if cached.node == node:

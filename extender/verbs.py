@@ -34,7 +34,18 @@ NOT_READY = "headroom extender: caches not synced yet (nodes, pods, GPUNodeRepor
 
 
 class BindError(RuntimeError):
-    """The apiserver refused or failed the binding; the message says why."""
+    """The apiserver refused or failed the binding; the message says why.
+
+    ``uncertain``: no definite answer came back (a read timeout, a dropped
+    connection, a 5xx), so the binding may exist all the same. The pod then
+    stays assumed on the node until the pod watch shows where it went or the
+    assumption times out: releasing it now could let another pod take the
+    memory of a pod that is in fact bound there.
+    """
+
+    def __init__(self, message: str, *, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.uncertain = uncertain
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ class Extender:
         try:
             await self.binder(namespace, name, uid, node)
         except BindError as err:
-            if assumed_here:
+            if assumed_here and not err.uncertain:
                 self.state.forget(claim.uid)
             return ExtenderBindingResult(Error=f"binding {key} to {node} failed: {err}")
         log.info("bound %s to %s", key, node)

@@ -94,6 +94,8 @@ def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) ->
         ("headroom-webhook", "get", "secrets", False),
         ("headroom-scheduler", "create", "pods --subresource=binding", True),
         ("headroom-scheduler", "update", "gpunodereports.headroom.dev", False),
+        ("headroom-scheduler", "watch", "gpunodereports.headroom.dev", True),
+        ("headroom-scheduler", "list", "gpusharingpolicies.headroom.dev", False),
         ("headroom-scheduler", "list", "secrets", False),
         ("headroom-agent", "create", "gpunodereports.headroom.dev", True),
         ("headroom-agent", "create", "pods --subresource=eviction", True),

@@ -26,12 +26,14 @@ class RecordingBinder:
 
     delay: float = 0.0
     fail_with: str = ""
+    uncertain: bool = False
+    """Fail as a timeout does: the binding may exist after all."""
     calls: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     async def __call__(self, namespace: str, name: str, uid: str, node: str) -> None:
         await asyncio.sleep(self.delay)
         if self.fail_with:
-            raise BindError(self.fail_with)
+            raise BindError(self.fail_with, uncertain=self.uncertain)
         self.calls.append((namespace, name, uid, node))
 
 

@@ -7,18 +7,22 @@ with a ``Status`` body, the answer the client fails to deserialise when preloade
 (kubernetes-client/python#825). e2e runs the same binder against a real apiserver.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes import client
 
-from extender.binding import api_binder
+from extender.binding import REQUEST_TIMEOUT_SECONDS, api_binder
 from extender.verbs import BindError
 
 Seen = list[tuple[str, dict[str, Any]]]
+MANIFESTS = Path(__file__).parents[2] / "manifests" / "base"
 
 
 @pytest.fixture
@@ -28,6 +32,16 @@ async def apiserver() -> AsyncIterator[tuple[str, Seen]]:
     async def binding(request: web.Request) -> web.Response:
         body = await request.json()
         seen.append((request.path, body))
+        if body["target"]["name"] == "slow":
+            await asyncio.sleep(2)
+        if body["target"]["name"] == "overloaded":
+            overloaded: dict[str, Any] = {
+                "kind": "Status",
+                "status": "Failure",
+                "message": "etcdserver: request timed out",
+                "code": 500,
+            }
+            return web.json_response(overloaded, status=500)
         if body["target"]["name"] == "taken":
             status = {
                 "kind": "Status",
@@ -76,12 +90,41 @@ async def test_conflict_becomes_a_bind_error_with_the_apiserver_message(
 ) -> None:
     host, _ = apiserver
     bind = api_binder(core_api(host))
-    with pytest.raises(BindError, match=r'^HTTP 409: .*already assigned to node "gpu-a"'):
+    with pytest.raises(BindError, match=r'^HTTP 409: .*already assigned to node "gpu-a"') as err:
         await bind("research", "p", "uid-1", "taken")
+    assert not err.value.uncertain  # a definite refusal: the pod may be released
+
+
+async def test_server_error_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen]) -> None:
+    host, _ = apiserver
+    with pytest.raises(BindError, match=r"^HTTP 500: etcdserver") as err:
+        await api_binder(core_api(host))("research", "p", "uid-1", "overloaded")
+    assert err.value.uncertain
+
+
+async def test_timeout_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen]) -> None:
+    host, seen = apiserver
+    api = core_api(host)
+    api.api_client.configuration.retries = 0
+    with pytest.raises(BindError, match="unreachable") as err:
+        await api_binder(api, timeout=0.2)("research", "p", "uid-1", "slow")
+    assert seen  # the apiserver got the binding; only its answer was lost
+    assert err.value.uncertain
+
+
+def test_request_timeout_is_below_the_scheduler_http_timeout() -> None:
+    """kube-scheduler stops waiting for /bind after the extender's httpTimeout."""
+    configmap = yaml.safe_load((MANIFESTS / "scheduler" / "configmap.yaml").read_text())
+    configuration = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
+    (extender,) = configuration["extenders"]
+    http_timeout = float(extender["httpTimeout"].removesuffix("s"))
+    assert http_timeout > REQUEST_TIMEOUT_SECONDS
+    assert REQUEST_TIMEOUT_SECONDS < 5  # kube-scheduler's default httpTimeout
 
 
 async def test_unreachable_apiserver_is_a_bind_error() -> None:
     api = core_api("http://127.0.0.1:9")  # discard port: connection refused
     api.api_client.configuration.retries = 0
-    with pytest.raises(BindError):
+    with pytest.raises(BindError) as err:
         await api_binder(api)("research", "p", "", "gpu-b")
+    assert not err.value.uncertain  # never connected: nothing can have been bound

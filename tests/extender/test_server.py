@@ -179,6 +179,22 @@ async def test_bind_failure_releases_the_assumption(harness: Harness) -> None:
     assert harness.state.assumed == {}
 
 
+async def test_bind_with_no_definite_answer_keeps_the_pod_held(harness: Harness) -> None:
+    """A timed-out bind may have been stored: the memory stays charged until the watch says."""
+    seed_cluster(harness)
+    pod = fixture("filter-node-names.json")["Pod"]
+    harness.state.on_pod("ADDED", pod)
+    harness.binder.fail_with = "apiserver unreachable: read timed out"
+    harness.binder.uncertain = True
+    _, result = await post(harness, "bind", fixture("bind.json"))
+    assert result["Error"].endswith("failed: apiserver unreachable: read timed out")
+    assert set(harness.state.assumed) == {uid_of(pod)}
+    # The watch shows the bind did land: the cache takes over the charge.
+    harness.state.on_pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": "gpu-b"}})
+    assert harness.state.assumed == {}
+    assert sum(1 for _ in harness.state.claims_on("gpu-b")) == 1
+
+
 async def test_bind_of_a_pod_seen_only_in_filter(harness: Harness) -> None:
     """The pod watch may lag the scheduler: the filter request's pod is remembered."""
     seed_cluster(harness)

@@ -119,3 +119,21 @@ def test_lookup_without_uid_finds_by_name() -> None:
     found = state.lookup("", "research", "p")
     assert found is not None
     assert found.uid == uid_of(pod)
+
+
+def test_bind_rechecks_against_a_report_that_turned_stale_since_the_filter() -> None:
+    """The label says 16 GiB, the fresh report 40 GiB: once the report is stale, 16 GiB rules."""
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", memory_mib=16384))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}}))
+    pod = gpu_pod("big", declared="20Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.lookup(uid_of(pod), "research", "big")
+    assert claim is not None
+    state.prepare(clock())  # what the filter does: the account is cached while fresh
+    assert state.account("gpu-a").shared_headroom >= 20 * GIB  # type: ignore[union-attr]
+    clock.now += 91
+    verdict = state.assume(claim, "gpu-a")
+    assert not verdict.fits
+    assert "GPUNodeReport is 91s old" in verdict.reason
+    assert state.assumed == {}
