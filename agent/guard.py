@@ -114,6 +114,11 @@ class Guard:
             verdicts += self._act(episode, pod, guard_action(pod, policies), used, declared, where)
         return verdicts
 
+    def event_failed(self, uid: str) -> None:
+        """The Event could not be recorded: warn again on the next observation."""
+        if uid in self._episodes:
+            self._episodes[uid].warned = False
+
     def eviction_refused(self, uid: str) -> None:
         """The API refused the eviction (a PodDisruptionBudget): try again next time."""
         if uid in self._episodes:

@@ -193,6 +193,8 @@ class Agent:
             self.metrics.guard_actions.labels("error").inc()
             if verdict.kind == "evict":
                 self._guard.eviction_refused(verdict.uid)
+            else:
+                self._guard.event_failed(verdict.uid)
             return
         if evicted:
             log.warning("evicted pod %s: %s", where, verdict.message)

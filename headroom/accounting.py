@@ -184,6 +184,10 @@ def account_node(
     )
 
 
+FUTURE_TOLERANCE_SECONDS = 30.0
+"""How far ahead of the extender's clock an agent's observedAt may be and still count."""
+
+
 def _freshness(
     report: ReportStatus | None, *, now: float, stale_after: float
 ) -> tuple[Source, str, float | None]:
@@ -199,6 +203,11 @@ def _freshness(
         return "declarations", f"node agent reports NVML unavailable ({why}): {fallback}", None
     observed = report.observed_at.timestamp()
     age = now - observed
+    if age < -FUTURE_TOLERANCE_SECONDS:
+        # An agent whose clock runs ahead would otherwise stay "fresh" for the
+        # skew plus stale_after after it died.
+        note = f"GPUNodeReport is dated {-age:.0f}s in the future (clock skew?): {fallback}"
+        return "stale-report", note, None
     if age > stale_after:
         note = f"GPUNodeReport is {age:.0f}s old (stale after {stale_after:.0f}s): {fallback}"
         return "stale-report", note, None

@@ -6,6 +6,7 @@ rule looks before it writes, so running it on its own output changes nothing.
 """
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,7 +130,7 @@ class Rewrite:
         for item in placed:
             self._set_resource(item)
         if spec.mode == "exclusive" or any(item.kind != "exclusive" for item in placed):
-            self._schedule(policy)
+            self._schedule(policy, {item.kind for item in placed} - {spec.mode})
         if spec.env_hints:
             for item in placed:
                 if item.kind == "shared" and item.memory is not None:
@@ -199,7 +200,14 @@ class Rewrite:
         )
         self.changes.append(f"{item.label}: {old}: {count} -> {new}: {count}{extra}")
 
-    def _schedule(self, policy: GPUSharingPolicy) -> None:
+    def _schedule(self, policy: GPUSharingPolicy, foreign: AbstractSet[str]) -> None:
+        """Tolerations, nodeSelector and schedulerName from the policy.
+
+        The policy's nodeSelector picks nodes for its own mode (time-sliced
+        nodes for ``shared``); a pod that also asks for another kind of GPU
+        (a MIG slice in a shared namespace) would be unschedulable with it, so
+        it is left out for such pods, with a note.
+        """
         spec, pod_spec = policy.spec, self.pod["spec"]
         tolerations = list(sequence(pod_spec, "tolerations", "spec.tolerations"))
         for index, toleration in enumerate(tolerations):
@@ -216,7 +224,13 @@ class Rewrite:
                 self.changes.append(f"added toleration {_toleration_text(body)}")
         if added:
             pod_spec["tolerations"] = tolerations
-        self._node_selector(policy, pod_spec)
+        if not foreign:
+            self._node_selector(policy, pod_spec)
+        elif policy.spec.node_selector:
+            self.notes.append(
+                f"policy {policy.name} nodeSelector not added: it selects {policy.spec.mode} "
+                f"nodes and the pod asks for {', '.join(sorted(foreign))} GPUs"
+            )
         current = pod_spec.get("schedulerName")
         if current is not None and not isinstance(current, str):
             raise PodError(f"spec.schedulerName: expected a string, got {json_type(current)}")

@@ -126,6 +126,16 @@ def test_refused_eviction_is_retried() -> None:
     assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["evict"]
 
 
+def test_an_event_that_could_not_be_recorded_is_retried() -> None:
+    guard = Guard(grace=1)
+    pods = {"w": guarded("w", "std")}
+    over = report({"w": 12 * GIB})
+    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event"]
+    guard.event_failed("w")  # the apiserver was unreachable
+    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event"]
+    assert guard.observe(over, pods, POLICIES) == []  # recorded now: once per episode
+
+
 def test_mig_usage_and_pods_without_declarations() -> None:
     guard = Guard(grace=1)
     undeclared = pod("u", "u")

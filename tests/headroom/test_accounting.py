@@ -115,6 +115,16 @@ def test_stale_report_keeps_observed_leaks_but_drops_location() -> None:
     assert [g.accounted for g in result.gpus] == [15 * GIB, 15 * GIB]
 
 
+def test_a_report_from_the_future_is_not_trusted() -> None:
+    # An agent whose clock runs ahead must not stay fresh after it dies.
+    status = report({0: {"sim": 2}}, age=-120)
+    result = account(a100(), [pod("sim", 10)], status)
+    assert result.source == "stale-report"
+    assert "in the future" in result.note
+    slightly_ahead = account(a100(), [pod("sim", 10)], report({0: {"sim": 2}}, age=-5))
+    assert slightly_ahead.source == "report"
+
+
 def test_nvml_unavailable_report_is_no_report() -> None:
     down = Condition(type="NVMLAvailable", status="False", message="libnvidia-ml.so.1 not found")
     result = account(a100(), [pod("sim", 10)], report({}, conditions=[down]))

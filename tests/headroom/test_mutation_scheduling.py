@@ -32,6 +32,19 @@ def test_rule6_tolerations_are_added_after_the_pods_own() -> None:
     ]
 
 
+def test_rule6_a_mig_pod_in_a_shared_namespace_gets_no_time_slicing_selector() -> None:
+    # The selector picks time-sliced nodes, which offer no MIG slices: adding it
+    # would leave the pod unschedulable.
+    pod = gpu_pod({"nvidia.com/mig-3g.20gb": "1"})
+    decision = run(pod, scheduling_policy())
+    result = patched(pod, decision)
+    assert decision.allowed
+    assert "nodeSelector" not in result["spec"]
+    assert result["spec"]["tolerations"] == [GPU_TAINT]
+    assert result["spec"]["schedulerName"] == "headroom-scheduler"
+    assert any("nodeSelector not added" in w and "mig" in w for w in decision.warnings)
+
+
 def test_rule6_a_toleration_the_pod_already_has_is_not_duplicated() -> None:
     pod = load_pod("tensorflow-deployment")  # tolerates the GPU taint itself
     decision = run(pod, scheduling_policy())
