@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from cli.options import duration
+from cli.options import add_kubeconfig, duration
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,7 @@ def add_parser(subparsers: Any) -> None:
         default=30.0,
         help="rewrite the report at least this often, changed or not (default 30s)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
-    )
+    add_kubeconfig(parser)
     parser.add_argument(
         "--proc-root",
         type=Path,

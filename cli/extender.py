@@ -15,7 +15,8 @@ import asyncio
 import logging
 from typing import Any
 
-from cli.options import duration, memory, port
+from cli.options import add_kubeconfig, duration, memory, port
+from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +34,18 @@ def add_parser(subparsers: Any) -> None:
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1; use 0.0.0.0 in a Pod)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
-    )
+    add_kubeconfig(parser)
     parser.add_argument(
         "--margin",
         type=memory,
-        default=512 * 2**20,
+        default=DEFAULT_MARGIN_BYTES,
         metavar="QUANTITY",
         help="GPU memory kept free on every GPU, e.g. 512Mi, 1Gi (default 512Mi)",
     )
     parser.add_argument(
         "--report-stale-after",
         type=duration,
-        default=90.0,
+        default=DEFAULT_STALE_AFTER_SECONDS,
         metavar="DURATION",
         help="a GPUNodeReport older than this is ignored in favour of declarations "
         "(default 90s: three of the agent's default 30s heartbeats)",

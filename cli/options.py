@@ -1,4 +1,4 @@
-"""Argument types the commands share: durations and memory quantities."""
+"""Argument types and options the commands share."""
 
 import argparse
 import re
@@ -39,3 +39,12 @@ def port(text: str) -> int:
     if not 0 < number < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
     return number
+
+
+def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig PATH``, resolved by :func:`kube.config.api_client`."""
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
+    )

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from cli.options import duration, memory
-from headroom.accounting import NodeAccount
+from cli.options import add_kubeconfig, duration, memory
+from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS, NodeAccount
 from headroom.quantity import human_bytes
 
 log = logging.getLogger(__name__)
@@ -29,22 +29,18 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
-    )
+    add_kubeconfig(parser)
     parser.add_argument(
         "--margin",
         type=memory,
-        default=512 * 2**20,
+        default=DEFAULT_MARGIN_BYTES,
         metavar="QUANTITY",
         help="the extender's --margin, for the same headroom figures (default 512Mi)",
     )
     parser.add_argument(
         "--report-stale-after",
         type=duration,
-        default=90.0,
+        default=DEFAULT_STALE_AFTER_SECONDS,
         metavar="DURATION",
         help="the extender's --report-stale-after (default 90s)",
     )

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cli.options import port
+from cli.options import add_kubeconfig, port
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--port", type=port, default=8443, help="HTTPS port (default 8443)")
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
-    )
+    add_kubeconfig(parser)
     parser.add_argument(
         "--no-node-watch",
         dest="watch_nodes",

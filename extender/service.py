@@ -15,6 +15,7 @@ from extender.collector import freeze_all, run_collector
 from extender.server import make_app
 from extender.state import ClusterState
 from extender.verbs import Extender
+from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 from kube.config import api_client
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8888
     kubeconfig: str | None = None
-    margin_bytes: int = 512 * 2**20
-    stale_after_seconds: float = 90.0
+    margin_bytes: int = DEFAULT_MARGIN_BYTES
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
     assume_ttl_seconds: float = 60.0
 
 

@@ -184,6 +184,11 @@ def account_node(
     )
 
 
+DEFAULT_MARGIN_BYTES = 512 * 2**20
+"""GPU memory kept free on every GPU unless the extender is told otherwise."""
+DEFAULT_STALE_AFTER_SECONDS = 90.0
+"""Three agent heartbeats (30 s each): older reports fall back to declarations."""
+
 FUTURE_TOLERANCE_SECONDS = 30.0
 """How far ahead of the extender's clock an agent's observedAt may be and still count."""
 
