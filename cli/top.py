@@ -19,7 +19,9 @@ from headroom.quantity import human_bytes
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("NODE", "GPU", "PRODUCT", "TOTAL", "DECLARED", "OBSERVED", "HEADROOM", "PODS", "SOURCE")
+COLUMNS = ("NODE", "GPU", "PRODUCT", "TOTAL", "DECLARED", "OBSERVED", "HEADROOM", "SOURCE", "PODS")
+PODS_WIDTH = 60
+"""Pod names beyond this are counted, not listed: the table must stay readable."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -110,7 +112,7 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
         if account.note:
             notes.append(f"{account.node}: {account.note}")
         for gpu in account.gpus:
-            pods = ",".join(sorted(p.key.split("/", 1)[-1] for p in gpu.pods)) or "-"
+            pods = pods_cell(sorted(p.key.split("/", 1)[-1] for p in gpu.pods))
             rows.append(
                 (
                     account.node,
@@ -120,8 +122,8 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
                     human_bytes(gpu.declared),
                     human_bytes(gpu.observed) if account.source == "report" else "-",
                     human_bytes(gpu.headroom),
-                    pods,
                     account.source,
+                    pods,
                 )
             )
         for profile, slices in sorted(account.mig.items()):
@@ -134,12 +136,12 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
                     "-",
                     "-",
                     "-",
-                    str(slices.used),
                     account.source,
+                    str(slices.used),
                 )
             )
         if not account.gpus and not account.mig:
-            rows.append((account.node, "-", "no GPUs", "-", "-", "-", "-", "-", account.source))
+            rows.append((account.node, "-", "no GPUs", "-", "-", "-", "-", account.source, "-"))
     if not rows:
         return "no GPU nodes found"
     widths = [max(len(row[i]) for row in (COLUMNS, *rows)) for i in range(len(COLUMNS))]
@@ -150,3 +152,16 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
     if notes:
         lines += ["", *notes]
     return "\n".join(lines)
+
+
+def pods_cell(names: list[str]) -> str:
+    """``3: a, b, c``, or ``12: a, b (+10 more)`` when the names would not fit."""
+    if not names:
+        return "-"
+    shown: list[str] = []
+    for name in names:
+        if shown and len(", ".join([*shown, name])) > PODS_WIDTH:
+            break
+        shown.append(name)
+    more = len(names) - len(shown)
+    return f"{len(names)}: {', '.join(shown)}" + (f" (+{more} more)" if more else "")

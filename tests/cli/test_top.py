@@ -1,7 +1,7 @@
 """`headroom top`'s table, from the extender's own state and accounting."""
 
 from cli.main import build_parser
-from cli.top import COLUMNS, render
+from cli.top import COLUMNS, PODS_WIDTH, pods_cell, render
 from extender.state import ClusterState
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
 
@@ -22,8 +22,8 @@ def test_table_per_node_and_gpu() -> None:
     gpu0 = lines[1].split()
     assert gpu0[:3] == ["gpu-a", "0", "NVIDIA-A100-PCIE-40GB"]
     assert " ".join(gpu0[3:11]) == "40.0 GiB 10.0 GiB 12.0 GiB 27.5 GiB"
-    assert gpu0[11:] == ["simulation", "report"]
-    assert lines[2].split()[-2:] == ["-", "report"]  # gpu 1: the pod was seen on gpu 0
+    assert gpu0[11:] == ["report", "1:", "simulation"]
+    assert lines[2].split()[-2:] == ["report", "-"]  # gpu 1: the pod was seen on gpu 0
     assert any(line.startswith("gpu-b") and "declarations" in line for line in lines)
     assert any("mig 1g.5gb" in line and "6/7 free" in line for line in lines)
     assert "gpu-b: no GPUNodeReport from the node agent" in table
@@ -40,3 +40,13 @@ def test_parser_defaults() -> None:
         GIB,
         45.0,
     )
+
+
+def test_many_pods_are_counted_not_listed_past_the_width() -> None:
+    names = [f"tensorflow-gpu-7c775d5d6d-{i:05d}" for i in range(12)]
+    cell = pods_cell(names)
+    assert cell.startswith("12: tensorflow-gpu-7c775d5d6d-00000")
+    assert cell.endswith("(+11 more)")
+    assert len(cell) < PODS_WIDTH + 20
+    assert pods_cell(["a", "b"]) == "2: a, b"
+    assert pods_cell([]) == "-"
