@@ -40,7 +40,8 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int | float):
         return Decimal(str(value))
-    text = value.strip() if isinstance(value, str) else value
+    # No trimming: apimachinery rejects surrounding spaces, and so does this.
+    text = value
     if not isinstance(text, str) or not text or len(text) > _MAX_LEN:
         raise QuantityError(f"{value!r} is not a quantity")
     match = _QUANTITY.match(text)

@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 import jsonpatch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from headroom.mig import MigOffer
@@ -24,8 +24,6 @@ GPU_RESOURCES = [
     "nvidia.com/mig-1g.5gb",
 ]
 MEMORY = ["1Gi", "4Gi", "10Gi", "24Gi", "9856Mi", "10Gx", "0", "5G"]
-settings.register_profile("headroom", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("headroom")
 
 
 @st.composite
