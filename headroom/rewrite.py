@@ -1,12 +1,12 @@
 """The rewrite rules, applied in place to a copy of the pod.
 
 :func:`headroom.mutation.decide` owns the outcome (allow, deny, dry run, the
-patch); this module owns what a policy does to each part of the pod. Every
-rule looks before it writes, so running it on its own output changes nothing.
+patch); this module owns what a policy does to each part of the pod, with
+where the pod may run in :mod:`headroom.scheduling`. Every rule looks before
+it writes, so running it on its own output changes nothing.
 """
 
 from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ from headroom.podspec import (
 )
 from headroom.policy import GPUSharingPolicy, GPUSharingPolicySpec
 from headroom.quantity import GIB, MIB, QuantityError, format_bytes, parse_bytes
+from headroom.scheduling import SelectorConflict, schedule
 
 Kind = Literal["shared", "mig", "exclusive"]
 
@@ -130,7 +131,12 @@ class Rewrite:
         for item in placed:
             self._set_resource(item)
         if spec.mode == "exclusive" or any(item.kind != "exclusive" for item in placed):
-            self._schedule(policy, {item.kind for item in placed} - {spec.mode})
+            foreign = {item.kind for item in placed} - {spec.mode}
+            try:
+                schedule(self.pod["spec"], policy, foreign, changes=self.changes, notes=self.notes)
+            except SelectorConflict as err:
+                # decide() turns every Denied into the denial; the text is kept as is.
+                raise Denied(str(err)) from err
         if spec.env_hints:
             for item in placed:
                 if item.kind == "shared" and item.memory is not None:
@@ -200,70 +206,6 @@ class Rewrite:
         )
         self.changes.append(f"{item.label}: {old}: {count} -> {new}: {count}{extra}")
 
-    def _schedule(self, policy: GPUSharingPolicy, foreign: AbstractSet[str]) -> None:
-        """Tolerations, nodeSelector and schedulerName from the policy.
-
-        The policy's nodeSelector picks nodes for its own mode (time-sliced
-        nodes for ``shared``); a pod that also asks for another kind of GPU
-        (a MIG slice in a shared namespace) would be unschedulable with it, so
-        it is left out for such pods, with a note.
-        """
-        spec, pod_spec = policy.spec, self.pod["spec"]
-        tolerations = list(sequence(pod_spec, "tolerations", "spec.tolerations"))
-        for index, toleration in enumerate(tolerations):
-            if not isinstance(toleration, dict):
-                raise PodError(
-                    f"spec.tolerations[{index}]: expected an object, got {json_type(toleration)}"
-                )
-        added = False
-        for wanted in spec.tolerations:
-            body = wanted.as_pod_toleration()
-            if not any(_same_toleration(body, have) for have in tolerations):
-                tolerations.append(body)
-                added = True
-                self.changes.append(f"added toleration {_toleration_text(body)}")
-        if added:
-            pod_spec["tolerations"] = tolerations
-        if not foreign:
-            self._node_selector(policy, pod_spec)
-        elif policy.spec.node_selector:
-            self.notes.append(
-                f"policy {policy.name} nodeSelector not added: it selects {policy.spec.mode} "
-                f"nodes and the pod asks for {', '.join(sorted(foreign))} GPUs"
-            )
-        current = pod_spec.get("schedulerName")
-        if current is not None and not isinstance(current, str):
-            raise PodError(f"spec.schedulerName: expected a string, got {json_type(current)}")
-        if current in (None, "", names.DEFAULT_SCHEDULER):
-            if spec.scheduler_name != (current or names.DEFAULT_SCHEDULER):
-                pod_spec["schedulerName"] = spec.scheduler_name
-                self.changes.append(f"schedulerName set to {spec.scheduler_name}")
-        elif current != spec.scheduler_name:
-            self.notes.append(
-                f"kept schedulerName {current}; policy {policy.name} uses {spec.scheduler_name}"
-            )
-
-    def _node_selector(self, policy: GPUSharingPolicy, pod_spec: dict[str, Any]) -> None:
-        selector = dict(string_map(pod_spec, "nodeSelector", "spec.nodeSelector"))
-        changed = False
-        for key, value in policy.spec.node_selector.items():
-            have = selector.get(key)
-            if have is None:
-                selector[key] = value
-                changed = True
-                self.changes.append(f"added nodeSelector {key}={value}")
-            elif have != value and policy.spec.node_selector_conflict == "deny":
-                raise Denied(
-                    f"spec.nodeSelector {key}={shown(have)} conflicts with policy {policy.name}, "
-                    f"which sets {key}={value} (nodeSelectorConflict: deny)"
-                )
-            elif have != value:
-                self.notes.append(
-                    f"kept nodeSelector {key}={shown(have)}; policy {policy.name} wants {value}"
-                )
-        if changed:
-            pod_spec["nodeSelector"] = selector
-
     def _env_hints(self, item: Placed, spec: GPUSharingPolicySpec) -> None:
         body = item.request.container.body
         if sequence(body, "envFrom", f"{item.request.container.where}.envFrom"):
@@ -328,23 +270,3 @@ def mps_limit(memory: int) -> str:
     if memory % GIB == 0:
         return f"{memory // GIB}G"
     return f"{-(-memory // MIB)}M"
-
-
-_TOLERATION_DEFAULTS = {"key": "", "operator": "Equal", "value": "", "effect": ""}
-
-
-def _same_toleration(left: Mapping[str, Any], right: Mapping[str, Any]) -> bool:
-    def norm(toleration: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            **_TOLERATION_DEFAULTS,
-            **{k: v for k, v in toleration.items() if v is not None},
-        }
-
-    return norm(left) == norm(right)
-
-
-def _toleration_text(toleration: Mapping[str, Any]) -> str:
-    key = toleration.get("key") or "*"
-    value = f"={toleration['value']}" if toleration.get("value") else ""
-    effect = f":{toleration['effect']}" if toleration.get("effect") else ""
-    return f"{key}{value}{effect}"
