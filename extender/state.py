@@ -4,8 +4,10 @@ Fed by the informers' event handlers (on the event loop) and read by the verbs
 on the same loop, so nothing here takes a lock: every method runs to completion
 between awaits. Each node's account (:func:`headroom.accounting.account_node`)
 is computed when first asked for after an event touched that node, or when the
-report behind it turned stale, and then reused: a filter over N nodes is N
-dictionary lookups and comparisons, not N accountings.
+report behind it turned stale, and then reused: a filter over N nodes reads N
+cached figures (extender.verdicts), not N accountings. A report that repeats
+the last one's figures (the agent's heartbeat) keeps the account and only
+moves the time it turns stale.
 
 A bind *assumes* its pod on the node before it calls the apiserver, so that a
 second bind racing it sees the first pod charged. The assumption ends when the
@@ -24,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from extender.verdicts import Verdicts
-from headroom.accounting import NodeAccount, account_node
+from headroom.accounting import FUTURE_TOLERANCE_SECONDS, NodeAccount, account_node
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
 from headroom.placement import Fit, fit
@@ -91,11 +93,16 @@ class ClusterState:
             self.reports.pop(name, None)
         else:
             try:
-                self.reports[name] = parse_report(dict(obj))
+                report = parse_report(dict(obj))
             except ValidationError as err:
                 # A report we cannot read must not keep vouching for the node.
                 log.warning("GPUNodeReport %s unreadable, ignored: %s", name, err)
                 self.reports.pop(name, None)
+            else:
+                old = self.reports.get(name)
+                self.reports[name] = report
+                if old is not None and self._heartbeat(name, old, report):
+                    return
         self._touch(name)
 
     def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -259,6 +266,33 @@ class ClusterState:
         if not keep_pending:
             self._pending.pop(uid, None)
             self.forget(uid)
+
+    def _heartbeat(self, name: str, old: ReportStatus, new: ReportStatus) -> bool:
+        """Keep the account when ``new`` repeats ``old``'s figures, only later: True if kept.
+
+        Most writes are the agent's heartbeat. The account's figures depend on
+        the report only through what these fields compare, so with both
+        reports fresh it stays as it is, and with it the node's answers
+        (extender.verdicts); only the time it turns stale moves.
+        """
+        account = self._accounts.get(name)
+        if account is None or account.source != "report":
+            return False
+        if (new.gpus, new.conditions, new.schema_version) != (
+            old.gpus,
+            old.conditions,
+            old.schema_version,
+        ):
+            return False
+        observed = new.observed_at.timestamp()
+        age = self.clock() - observed
+        if age > self.stale_after or age < -FUTURE_TOLERANCE_SECONDS:
+            return False  # no longer fresh: recomputed, with the note that says why
+        stale_at = observed + self.stale_after
+        if stale_at != account.stale_at:
+            self._accounts[name] = replace(account, stale_at=stale_at)
+            heapq.heappush(self._stale_heap, (stale_at, name))
+        return True
 
     def _touch(self, node: str) -> None:
         self._dirty.add(node)

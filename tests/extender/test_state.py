@@ -57,6 +57,38 @@ def test_report_turns_stale_with_time_alone() -> None:
     assert stale == fresh + 4 * GIB  # unattributed no longer trusted; declarations remain
 
 
+def test_heartbeat_keeps_the_account_and_moves_its_staleness() -> None:
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    pod = gpu_pod("nb", node="gpu-a", declared="6Gi")
+    state.on_pod("ADDED", pod)
+    usage = {0: {uid_of(pod): 2 * GIB}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, unattributed={0: 4 * GIB}))
+    first = state.account("gpu-a")
+    assert first is not None
+    assert first.stale_at == clock.now + 90
+    clock.now += 60
+    # Same figures, 60 s later: the agent's heartbeat.
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, unattributed={0: 4 * GIB}, age=-60))
+    kept = state.account("gpu-a")
+    assert kept is not None
+    assert kept.gpus is first.gpus  # not accounted again
+    assert kept.stale_at == clock.now + 90
+    clock.now += 89  # stale under the first report, fresh under the heartbeat
+    assert headroom(state) == first.shared_headroom
+    assert state.account("gpu-a").source == "report"  # type: ignore[union-attr]
+    clock.now += 2
+    state.refresh(clock.now)
+    assert state.account("gpu-a").source != "report"  # type: ignore[union-attr]
+    # New figures, or a report dated too far ahead, are accounted afresh.
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, unattributed={0: 4 * GIB}, age=-151))
+    assert state.account("gpu-a").source == "report"  # type: ignore[union-attr]
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, unattributed={0: 1 * GIB}, age=-151))
+    assert headroom(state) == first.shared_headroom + 3 * GIB
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, unattributed={0: 1 * GIB}, age=-400))
+    assert state.account("gpu-a").source == "stale-report"  # type: ignore[union-attr]
+
+
 def test_unreadable_report_is_dropped() -> None:
     state, _ = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a"))

@@ -1,6 +1,8 @@
 """Per-node reasons and scores are reused, and dropped the moment the node's account changes."""
 
 import json
+import random
+from typing import Any
 
 from extender.state import ClusterState
 from extender.verdicts import UNKNOWN_NODE, Verdicts
@@ -77,6 +79,39 @@ def test_only_cached_nodes_are_remembered_and_tables_are_bounded() -> None:
         claim = parse_claim(gpu_pod("new", declared=declared))
         verdicts.filter(["gpu-a", *ghosts], claim, state.shared_headroom, state.accounts())
         verdicts.scores(["gpu-a", *ghosts], claim, state.shared_room)
-    tables = [*verdicts._reasons._tables.values(), *verdicts._scores._tables.values()]
-    assert len(tables) == 4  # two declarations each, the oldest dropped
-    assert all(set(table) <= {"gpu-a"} for table in tables)
+    answers = list(verdicts._filters.values.values())
+    scores = [table.items for table in verdicts._scores.values.values()]
+    assert len(answers) == len(scores) == 2  # two declarations each, the oldest dropped
+    assert all(set(a.passing) | set(a.reasons) <= {"gpu-a"} for a in answers)
+    assert all(set(table) <= {"gpu-a"} for table in scores)
+
+
+def test_answers_reused_for_the_same_candidates_follow_every_change() -> None:
+    """The last answer, patched node by node, equals one worked out from scratch."""
+    nodes = [f"gpu-{i}" for i in range(6)]
+    state = cluster(*nodes)
+    names = [*nodes, "ghost"]
+    rng = random.Random(3)
+    bound: list[dict[str, Any]] = []
+    for step in range(60):
+        event = rng.choice(("add", "add", "delete", "node", "none"))
+        if event == "add":
+            pod = gpu_pod(f"p{step}", node=rng.choice(nodes), declared=f"{rng.randint(1, 12)}Gi")
+            state.on_pod("ADDED", pod)
+            bound.append(pod)
+        elif event == "delete" and bound:
+            state.on_pod("DELETED", bound.pop(rng.randrange(len(bound))))
+        elif event == "node":  # a node leaves or comes back
+            name = rng.choice(nodes)
+            kind = "DELETED" if name in state.nodes else "ADDED"
+            state.on_node(kind, gpu_node(name))
+        for declared, placement in (("30Gi", "binpack"), ("4Gi", "spread")):
+            claim = parse_claim(gpu_pod("new", declared=declared, placement=placement))
+            state.prepare(state.clock())
+            candidates = list(names)  # equal, not the same list: as parsed from a request
+            got = state.verdicts.filter(candidates, claim, state.shared_headroom, state.accounts())
+            got_scores = state.verdicts.scores(got[0], claim, state.shared_room)
+            fresh = Verdicts()
+            want = fresh.filter(candidates, claim, state.shared_headroom, state.accounts())
+            assert got == want, (step, event, declared)
+            assert got_scores == fresh.scores(got[0], claim, state.shared_room), (step, event)
