@@ -57,6 +57,19 @@ def service_names(service: str, namespace: str) -> list[str]:
     ]
 
 
+def ca_common_name(service: str, namespace: str) -> str:
+    return f"headroom webhook CA ({namespace}/{service})"
+
+
+def is_ca(certificate: x509.Certificate) -> bool:
+    """Whether BasicConstraints marks ``certificate`` as a CA (absent: not one)."""
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+    except x509.ExtensionNotFound:
+        return False
+    return constraints.value.ca
+
+
 def parse_ips(values: Sequence[str]) -> list[IPAddress]:
     try:
         return [ipaddress.ip_address(value) for value in values]
@@ -160,7 +173,7 @@ def generate(
             "(and inject the new caBundle)"
         )
     if issuer is None:
-        issuer = new_ca(f"headroom webhook CA ({namespace}/{service})", now)
+        issuer = new_ca(ca_common_name(service, namespace), now)
         _write(out / CA_KEY, key_pem(issuer.key), private=True)
         _write(out / CA_CERT, cert_pem(issuer.certificate))
     names = service_names(service, namespace) + list(dns)

@@ -16,6 +16,8 @@ from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from certs.generate import is_ca
+
 JSON_PATCH = "application/json-patch+json"
 ATTEMPTS = 5
 
@@ -39,11 +41,7 @@ def read_ca(pem: bytes, source: str) -> bytes:
     except ValueError as err:
         raise InjectError(f"{source}: no PEM certificate ({err})") from err
     for certificate in certificates:
-        try:
-            constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
-        except x509.ExtensionNotFound:
-            constraints = None
-        if constraints is None or not constraints.value.ca:
+        if not is_ca(certificate):
             raise InjectError(
                 f"{source}: {certificate.subject.rfc4514_string()} is not a CA certificate"
             )

@@ -16,7 +16,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import IPAddress, Issuer, cert_pem, service_names
+from certs.generate import IPAddress, Issuer, ca_common_name, cert_pem, service_names
 from certs.inject import inject_ca_bundle
 from certs.secrets import (
     CA_TYPE,
@@ -141,8 +141,7 @@ def ensure_ca(
                 f"{issuer.certificate.not_valid_after_utc:%Y-%m-%d}Z)"
             )
             return issuer, False
-        common_name = f"headroom webhook CA ({request.namespace}/{request.service})"
-        issuer, data = issue_ca(common_name, now)
+        issuer, data = issue_ca(ca_common_name(request.service, request.namespace), now)
         if store.create(secret_body(store.namespace, name, CA_TYPE, data, labels=LABELS)):
             report(
                 f"Secret {store.namespace}/{name}: created (new CA, valid until "

@@ -32,6 +32,7 @@ from certs.generate import (
     IPAddress,
     Issuer,
     cert_pem,
+    is_ca,
     key_pem,
     new_ca,
     serving_certificate,
@@ -107,7 +108,7 @@ def load_ca(
         raise SecretError(f"{secret.ref}: data.{missing} is missing")
     if not _same_public_key(certificate, key):
         raise SecretError(f"{secret.ref}: {CA_KEY} does not match {CA_CERT}")
-    if not _is_ca(certificate):
+    if not is_ca(certificate):
         raise SecretError(f"{secret.ref}: {CA_CERT} is not a CA certificate (BasicConstraints)")
     expires = certificate.not_valid_after_utc
     if expires - now <= renew_before:
@@ -220,14 +221,6 @@ def _same_public_key(certificate: x509.Certificate, key: ec.EllipticCurvePrivate
     encoding, form = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     ours = key.public_key().public_bytes(encoding, form)
     return certificate.public_key().public_bytes(encoding, form) == ours
-
-
-def _is_ca(certificate: x509.Certificate) -> bool:
-    try:
-        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
-    except x509.ExtensionNotFound:
-        return False
-    return constraints.value.ca
 
 
 def _issued_by(certificate: x509.Certificate, ca: x509.Certificate) -> bool:

@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli.options import add_kubeconfig
+
 log = logging.getLogger(__name__)
 
 _WINDOW = re.compile(r"^(?P<number>[0-9]+)(?P<unit>d|h|m)$")
@@ -65,7 +67,7 @@ def add_parser(subparsers: Any) -> None:
     )
     inject.add_argument("--webhook", required=True, help="MutatingWebhookConfiguration name")
     inject.add_argument("--ca", required=True, type=Path, metavar="FILE", help="CA PEM file")
-    inject.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file")
+    add_kubeconfig(inject)
 
     secret = actions.add_parser(
         "secret", help="keep the CA and serving-cert Secrets (and caBundle) issued and fresh"
@@ -88,7 +90,7 @@ def add_parser(subparsers: Any) -> None:
     )
     secret.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
     secret.add_argument("--ip", action="append", default=[], help="extra IP SAN (repeatable)")
-    secret.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file")
+    add_kubeconfig(secret)
     parser.set_defaults(run=run)
 
 

@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     state = ClusterState(margin=args.margin, stale_after=args.report_stale_after)
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
-    version = names.API_VERSION.split("/", 1)[1]
     try:
         for node in _items(core.list_node(_preload_content=False)):
             state.on_node("ADDED", node)
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             state.on_pod("ADDED", pod)
         try:
             reports = custom.list_cluster_custom_object(
-                names.GROUP, version, names.REPORT_PLURAL, _preload_content=False
+                names.GROUP, names.VERSION, names.REPORT_PLURAL, _preload_content=False
             )
         except ApiException as err:
             if err.status != 404:

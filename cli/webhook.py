@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cli.options import add_kubeconfig, port
+from cli.options import add_kubeconfig, duration, port
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--cert-check-interval",
-        type=float,
+        type=duration,
         default=10.0,
-        metavar="SECONDS",
-        help="how often to look for a rotated certificate (default 10)",
+        metavar="DURATION",
+        help="how often to look for a rotated certificate, e.g. 10s, 500ms (default 10s)",
     )
     parser.set_defaults(run=run)
 

@@ -3,7 +3,8 @@
 from typing import Final
 
 GROUP: Final = "headroom.dev"
-API_VERSION: Final = "headroom.dev/v1alpha1"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
 
 # Resources advertised by the NVIDIA device plugin.
 GPU: Final = "nvidia.com/gpu"

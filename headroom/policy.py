@@ -26,6 +26,7 @@ Defaults, and why:
 """
 
 from collections.abc import Iterable, Mapping
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -143,11 +144,12 @@ class GPUSharingPolicySpec(_Strict):
             )
         return self
 
-    @property
+    # Cached: a policy is parsed once per watch event and read on every admission.
+    @cached_property
     def default_memory_bytes(self) -> int | None:
         return None if self.default_memory is None else parse_bytes(self.default_memory)
 
-    @property
+    @cached_property
     def max_memory_bytes(self) -> int | None:
         return None if self.max_memory is None else parse_bytes(self.max_memory)
 

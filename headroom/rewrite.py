@@ -51,7 +51,7 @@ class Placed:
 
     @property
     def label(self) -> str:
-        return f"container {shown(self.request.container.name, 60)}"
+        return _label(self.request.container)
 
 
 class Declarations:
@@ -147,11 +147,11 @@ class Rewrite:
         self, request: GPURequest, policy: GPUSharingPolicy, declared: Declarations
     ) -> Placed:
         spec, resource, count = policy.spec, request.resource, request.count
-        label = f"container {shown(request.container.name, 60)}"
+        label = _label(request.container)
         if resource == names.GPU_SHARED:
             return Placed(request, resource, "shared", declared.of(label, request.container))
         if resource != names.GPU:
-            profile = profile_from_resource(resource) or resource[len(names.MIG_PREFIX) :]
+            profile = _profile(resource)
             allowed = spec.mig.allowed_profiles
             if spec.mode == "mig" and allowed and profile not in allowed:
                 raise Denied(
@@ -255,6 +255,10 @@ class Rewrite:
             annotations = metadata["annotations"] = {}
         annotations.update(wanted)
         self.annotations = wanted
+
+
+def _label(container: Container) -> str:
+    return f"container {shown(container.name, 60)}"
 
 
 def _runs_with_app(container: Container) -> bool:

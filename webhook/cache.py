@@ -28,7 +28,6 @@ from kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
-POLICY_VERSION = names.API_VERSION.split("/")[1]
 MIG_NODE_SELECTOR = f"{names.LABEL_MIG_CAPABLE}=true"
 """Only MIG-capable nodes matter for the offer; the selector keeps the rest out of memory."""
 NAMESPACE_READ_TIMEOUT = 2.0
@@ -160,7 +159,7 @@ class ClusterCache:
                 functools.partial(
                     custom.list_cluster_custom_object,
                     names.GROUP,
-                    POLICY_VERSION,
+                    names.VERSION,
                     names.POLICY_PLURAL,
                 ),
                 name="gpusharingpolicies",

@@ -89,6 +89,7 @@ async def test_the_cache_lists_and_watches_the_right_resources(
                 await cache.wait_synced()
                 await apiserver.watched.wait()
                 await asyncio.sleep(0.05)  # the event hops from the watch thread to the loop
+            assert cache.not_synced() == []
             assert cache.namespace_labels("ml-team") == {"headroom.dev/policy": "shared-default"}
             assert cache.namespace_labels("late") == {"headroom.dev/policy": "x"}
             assert cache.policies["shared-default"].spec.default_memory == "4Gi"

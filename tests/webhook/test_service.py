@@ -45,6 +45,17 @@ def test_a_missing_cert_dir_is_exit_code_2_naming_the_file(
     assert "tls.crt" in caplog.text
 
 
+@pytest.mark.parametrize("interval", ["0", "-5", "ten"])
+def test_a_cert_check_interval_that_is_not_a_positive_duration_is_refused(
+    tmp_path: Path, interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["webhook", "--cert-dir", str(tmp_path), "--cert-check-interval", interval]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "--cert-check-interval" in capsys.readouterr().err
+
+
 async def test_the_service_becomes_ready_and_mutates_by_the_watched_policy(
     tmp_path: Path, apiserver: StandInApiserver
 ) -> None:
