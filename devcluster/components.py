@@ -25,6 +25,7 @@ from devcluster import controlplane, nodes
 from devcluster.binaries import CHECKOUT
 from devcluster.process import Component, Probe, ProcessError, Progress
 from devcluster.state import ClusterState
+from headroom import names
 
 if TYPE_CHECKING:
     from devcluster.cluster import Cluster
@@ -66,7 +67,7 @@ def _account(state: ClusterState, component: str) -> Path:
 
 def extender_configuration(port: int, specs: list[nodes.NodeSpec]) -> dict[str, Any]:
     """The ``extenders[0]`` entry of the headroom-scheduler's configuration."""
-    managed = ["nvidia.com/gpu.shared", *nodes.mig_resources(specs)]
+    managed = [names.GPU_SHARED, *nodes.mig_resources(specs)]
     return {
         "urlPrefix": f"http://127.0.0.1:{port}",
         "filterVerb": "filter",

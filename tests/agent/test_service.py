@@ -3,7 +3,6 @@
 import argparse
 import asyncio
 import logging
-import socket
 
 import aiohttp
 import pytest
@@ -17,15 +16,9 @@ from agent.server import AgentMetrics, create_app
 from agent.service import Agent
 from cli.main import main
 from cli.options import duration
+from devcluster.state import free_port
 from headroom import names
 from tests.agent.doubles import ActionsDouble, WriterDouble
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_health_readiness_and_metrics_over_http() -> None:

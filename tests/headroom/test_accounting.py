@@ -226,8 +226,9 @@ def test_stale_reports_never_raise_headroom_above_declarations(
 
 
 Event = tuple[str, int, int]
-# GiB declared, and the GPU the device plugin picks (modulo the node's count)
-binds = st.tuples(st.just("bind"), st.sampled_from([0, 1, 2, 3, 4, 6, 8]), st.integers(0, 3))
+# GiB declared, and where the device plugin puts the pod's replicas: 0..3 one replica on
+# GPU b (modulo the node's count), 4..7 two replicas on GPUs b and b + 1.
+binds = st.tuples(st.just("bind"), st.sampled_from([0, 1, 2, 3, 4, 6, 8]), st.integers(0, 7))
 events = st.lists(
     st.one_of(
         binds,
@@ -243,28 +244,37 @@ events = st.lists(
 )
 
 
+def _placed(b: int, gpus: int) -> tuple[int, ...]:
+    """The GPUs the device plugin gives a pod's replicas (see ``binds``)."""
+    return (b % gpus,) if b < 4 else (b % gpus, (b + 1) % gpus)
+
+
 @given(st.integers(min_value=1, max_value=4), events)
 @example(2, [("bind", 6, 1), ("report", 1, 0), ("bind", 6, 1), ("bind", 4, 1)])
+# A two-replica pod the agent sees on one GPU only must still be charged to the other.
+@example(2, [("bind", 8, 4), ("report", 1, 0), ("bind", 6, 1), ("report", 3, 0), ("bind", 4, 1)])
 @settings(max_examples=500, deadline=None)
 def test_declared_memory_on_a_gpu_never_exceeds_its_total(gpus: int, history: list[Event]) -> None:
-    """Whatever GPU the device plugin picks, and whatever the agent has seen so far."""
+    """Whatever GPUs the device plugin picks, and whatever the agent has seen so far."""
     node = replace(a100(count=gpus), memory_bytes=16 * GIB)  # small, so that GPUs fill up
-    bound: dict[str, tuple[PodClaim, int]] = {}  # uid -> (claim, the GPU it really got)
-    seen: dict[str, int] = {}  # what the latest report shows: uid -> bytes (on its real GPU)
+    bound: dict[str, tuple[PodClaim, tuple[int, ...]]] = {}  # uid -> (claim, its real GPUs)
+    seen: dict[str, int] = {}  # what the latest report shows: uid -> bytes (on its first GPU)
     unattributed = 0
     report_age = 1.0
     for number, (kind, a, b) in enumerate(history):
         if kind == "bind":
-            claim = pod(f"p{number}", a)
+            where = _placed(b, gpus)
+            claim = pod(f"p{number}", a, shared=len(where))
             status = _report_of(gpus, bound, seen, unattributed, report_age)
             if fit(account(node, [c for c, _ in bound.values()], status), claim).fits:
-                bound[claim.uid] = (claim, b % gpus)
+                bound[claim.uid] = (claim, where)
         elif kind == "delete" and bound:
             uid = sorted(bound)[a % len(bound)]
             del bound[uid]
             seen.pop(uid, None)
         elif kind == "report":
-            # The agent sees some pods (on the GPU they really use), holding anything.
+            # The agent sees some pods, holding anything, each on the first GPU it really
+            # uses (a second replica that holds nothing yet is invisible to NVML).
             seen = {
                 uid: (1 + (a >> i) % 3) * claim.need // 2 + 1
                 for i, (uid, (claim, _)) in enumerate(sorted(bound.items()))
@@ -275,19 +285,19 @@ def test_declared_memory_on_a_gpu_never_exceeds_its_total(gpus: int, history: li
         elif kind == "stale":
             report_age = STALE_AFTER * 2
         for index in range(gpus):
-            on_gpu = sum(c.need for c, where in bound.values() if where == index)
+            on_gpu = sum(c.need for c, where in bound.values() if index in where)
             assert on_gpu <= node.memory_bytes - MARGIN
 
 
 def _report_of(
     gpus: int,
-    bound: dict[str, tuple[PodClaim, int]],
+    bound: dict[str, tuple[PodClaim, tuple[int, ...]]],
     seen: dict[str, int],
     unattributed: int,
     age: float,
 ) -> ReportStatus:
     usage: dict[int, dict[str, float]] = {i: {} for i in range(gpus)}
     for uid, used in seen.items():
-        usage[bound[uid][1]][uid] = used / GIB
+        usage[bound[uid][1][0]][uid] = used / GIB
     unattributed_gib = dict.fromkeys(range(gpus), unattributed / GIB)
     return report(usage, age=age, unattributed=unattributed_gib, total=16)
