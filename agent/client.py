@@ -18,7 +18,6 @@ from headroom import names
 log = logging.getLogger(__name__)
 
 COMPONENT = "headroom-agent"
-_VERSION = names.API_VERSION.split("/", 1)[1]
 
 
 class ReportWriter:
@@ -43,7 +42,7 @@ class ReportWriter:
                 if self._version is None:
                     result: Any = self._api.create_cluster_custom_object(
                         names.GROUP,
-                        _VERSION,
+                        names.VERSION,
                         names.REPORT_PLURAL,
                         obj,
                         _request_timeout=self._timeout,
@@ -52,7 +51,7 @@ class ReportWriter:
                     body = {**obj, "metadata": {"name": name, "resourceVersion": self._version}}
                     result = self._api.replace_cluster_custom_object(
                         names.GROUP,
-                        _VERSION,
+                        names.VERSION,
                         names.REPORT_PLURAL,
                         name,
                         body,
@@ -71,7 +70,11 @@ class ReportWriter:
     def _current_version(self, name: str) -> str | None:
         try:
             current: Any = self._api.get_cluster_custom_object(
-                names.GROUP, _VERSION, names.REPORT_PLURAL, name, _request_timeout=self._timeout
+                names.GROUP,
+                names.VERSION,
+                names.REPORT_PLURAL,
+                name,
+                _request_timeout=self._timeout,
             )
         except ApiException as err:
             if err.status == 404:

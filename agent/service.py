@@ -219,7 +219,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         functools.partial(
             custom.list_cluster_custom_object,
             names.GROUP,
-            names.API_VERSION.split("/", 1)[1],
+            names.VERSION,
             names.POLICY_PLURAL,
         ),
         name="policies",

@@ -32,7 +32,6 @@ from kube.config import api_client
 REPORT_TIMEOUT = 60.0
 REPORT_FRESH_SECONDS = 45.0
 TITLE = "seed 001: a simulation, an inference service and a leaking notebook on one A100 40GB"
-_VERSION = names.API_VERSION.split("/", 1)[1]
 
 Progress = Callable[[str], None]
 
@@ -161,7 +160,7 @@ def wait_for_report(apis: Apis, node: str, progress: Progress) -> None:
             obj = raw(
                 apis.custom.get_cluster_custom_object,
                 names.GROUP,
-                _VERSION,
+                names.VERSION,
                 names.REPORT_PLURAL,
                 node,
             )
@@ -191,16 +190,22 @@ def install_policy(apis: Apis, policy: dict[str, Any]) -> None:
     name = str(policy["metadata"]["name"])
     try:
         current = raw(
-            apis.custom.get_cluster_custom_object, names.GROUP, _VERSION, names.POLICY_PLURAL, name
+            apis.custom.get_cluster_custom_object,
+            names.GROUP,
+            names.VERSION,
+            names.POLICY_PLURAL,
+            name,
         )
     except ApiException as err:
         if err.status != 404:
             raise
-        apis.custom.create_cluster_custom_object(names.GROUP, _VERSION, names.POLICY_PLURAL, policy)
+        apis.custom.create_cluster_custom_object(
+            names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
+        )
         return
     body = {**policy, "metadata": {**policy["metadata"], **_version_of(current)}}
     apis.custom.replace_cluster_custom_object(
-        names.GROUP, _VERSION, names.POLICY_PLURAL, name, body
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, name, body
     )
 
 

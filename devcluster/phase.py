@@ -26,7 +26,6 @@ from headroom.reports import parse_report
 POLL_SECONDS = 0.5
 PROGRESS_SECONDS = 3.0
 GONE_TIMEOUT = 60.0
-_VERSION = names.API_VERSION.split("/", 1)[1]
 
 Progress = Callable[[str], None]
 
@@ -48,7 +47,10 @@ class Apis:
     def reports(self) -> list[Object]:
         return (
             raw(
-                self.custom.list_cluster_custom_object, names.GROUP, _VERSION, names.REPORT_PLURAL
+                self.custom.list_cluster_custom_object,
+                names.GROUP,
+                names.VERSION,
+                names.REPORT_PLURAL,
             ).get("items")
             or []
         )

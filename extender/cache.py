@@ -20,9 +20,8 @@ class Caches:
     def __init__(self, api: client.ApiClient, state: ClusterState) -> None:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
-        version = names.API_VERSION.split("/", 1)[1]
         list_reports = functools.partial(
-            custom.list_cluster_custom_object, names.GROUP, version, names.REPORT_PLURAL
+            custom.list_cluster_custom_object, names.GROUP, names.VERSION, names.REPORT_PLURAL
         )
         self.informers = (
             Informer(
