@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import binaries, components, controlplane, nodes
-from devcluster.kubectl import Kubectl
+from devcluster.kubectl import Kubectl, wait_until
 from devcluster.process import Component, ProcessError, Progress
 from devcluster.state import ClusterState, default_state_dir
 
@@ -183,7 +183,7 @@ def _create_nodes(cluster: Cluster, specs: list[nodes.NodeSpec], progress: Progr
         }
         return names <= ready
 
-    cluster.kubectl.wait_for("kwok to make the nodes Ready", all_ready, timeout=READY_TIMEOUT)
+    wait_until("kwok to make the nodes Ready", all_ready, timeout=READY_TIMEOUT)
     progress(f"nodes Ready: {', '.join(spec.name for spec in specs)}")
 
 
@@ -202,11 +202,11 @@ def _wait_control_plane(cluster: Cluster, progress: Progress) -> None:
         return result.returncode == 0 and bool(result.stdout.strip())
 
     for lease in ("kube-controller-manager", "kube-scheduler"):
-        cluster.kubectl.wait_for(
+        wait_until(
             f"{lease} to become leader", functools.partial(leader, lease), timeout=READY_TIMEOUT
         )
     # Pods cannot be created in a namespace before its "default" ServiceAccount exists.
-    cluster.kubectl.wait_for(
+    wait_until(
         "the default ServiceAccount",
         lambda: cluster.kubectl("get", "sa", "default", check=False).returncode == 0,
         timeout=READY_TIMEOUT,

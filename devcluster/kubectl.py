@@ -60,12 +60,13 @@ class Kubectl:
         rendered = self("kustomize", str(directory)).stdout
         return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
-    def wait_for(
-        self, description: str, ready: Callable[[], bool], *, timeout: float, interval: float = 0.5
-    ) -> None:
-        """Poll ``ready()`` until true; on timeout raise TimeoutError naming ``description``."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {description}")
-            time.sleep(interval)
+
+def wait_until(
+    description: str, ready: Callable[[], bool], *, timeout: float, interval: float = 0.5
+) -> None:
+    """Poll ``ready()`` until true; on timeout raise TimeoutError naming ``description``."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {description}")
+        time.sleep(interval)

@@ -16,6 +16,7 @@ import pytest
 
 from devcluster import binaries
 from devcluster.cluster import Cluster, down, up
+from devcluster.kubectl import wait_until
 
 _names = itertools.count(1)
 
@@ -59,7 +60,7 @@ def namespace(cluster: Cluster) -> Iterator[NamespaceFactory]:
             cluster.kubectl("label", "namespace", name, f"headroom.dev/policy={policy}")
         created.append(name)
         # Pods are refused until the namespace's "default" ServiceAccount exists.
-        cluster.kubectl.wait_for(
+        wait_until(
             f"ServiceAccount default in {name}",
             lambda: (
                 cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0

@@ -20,6 +20,7 @@ from tests.e2e.workloads import (
     failed_scheduling,
     gpu_deployment,
     node_memory,
+    placement,
     pods,
     running,
     settle,
@@ -55,6 +56,10 @@ def test_a_burst_of_100_pods_never_over_commits_a_gpu(
     for name in pending:
         assert "headroom" in reasons[name], reasons[name]
         assert "10.0 GiB declared" in reasons[name], reasons[name]
+    # The summary failure messages use: every pod counted, no pod without a reason.
+    summary = placement(cluster, ns)
+    assert summary.startswith("100 pods, Running per node: {"), summary
+    assert "no event yet" not in summary, summary
 
 
 def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
@@ -74,6 +79,7 @@ def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
         f"{CAPACITY_AT_10GI} pods Running after the restart",
         lambda: len(running(pods(cluster, ns))) == CAPACITY_AT_10GI,
         timeout=120,
+        explain=lambda: placement(cluster, ns),
     )
     assert len(pods(cluster, ns)) == 40
 

@@ -1,10 +1,10 @@
 """Objects the e2e tests create, and how they read the cluster back."""
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from devcluster.cluster import Cluster
+from devcluster.kubectl import wait_until
 from headroom import names
 from headroom.quantity import parse_bytes
 
@@ -112,13 +112,35 @@ def node_memory(cluster: Cluster) -> dict[str, int]:
 
 
 def eventually(
-    description: str, check: Callable[[], bool], *, timeout: float = 60, interval: float = 0.5
+    description: str,
+    check: Callable[[], bool],
+    *,
+    timeout: float = 60,
+    interval: float = 0.5,
+    explain: Callable[[], str] | None = None,
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s: {description}")
-        time.sleep(interval)
+    """Poll ``check()`` until true; a timeout fails the test, naming ``description``
+    and, with ``explain``, the state that kept it from becoming true."""
+    try:
+        wait_until(description, check, timeout=timeout, interval=interval)
+    except TimeoutError as err:
+        detail = f"\n{explain()}" if explain else ""
+        raise AssertionError(f"{err}{detail}") from None
+
+
+def placement(cluster: Cluster, namespace: str) -> str:
+    """Where the namespace's pods are, and why the others wait: for failure messages."""
+    items = pods(cluster, namespace)
+    by_node: dict[str, int] = {}
+    for pod in running(items):
+        by_node[pod["spec"]["nodeName"]] = by_node.get(pod["spec"]["nodeName"], 0) + 1
+    reasons = failed_scheduling(cluster, namespace)
+    waiting = sorted(
+        {reasons.get(p["metadata"]["name"], "no event yet") for p in unscheduled(items)}
+    )
+    lines = [f"{len(items)} pods, Running per node: {by_node}"]
+    lines += [f"  pending because: {reason}" for reason in waiting[:5]]
+    return "\n".join(lines)
 
 
 def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120) -> None:
@@ -131,4 +153,9 @@ def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120
         waiting = {p["metadata"]["name"] for p in items if p["status"].get("phase") != "Running"}
         return waiting <= set(failed_scheduling(cluster, namespace))
 
-    eventually(f"{total} pods in {namespace} Running or FailedScheduling", settled, timeout=timeout)
+    eventually(
+        f"{total} pods in {namespace} Running or FailedScheduling",
+        settled,
+        timeout=timeout,
+        explain=lambda: placement(cluster, namespace),
+    )
