@@ -11,6 +11,16 @@ GPU: Final = "nvidia.com/gpu"
 GPU_SHARED: Final = "nvidia.com/gpu.shared"
 MIG_PREFIX: Final = "nvidia.com/mig-"
 
+# Headroom's own extended resource (issue 7): the GPU memory a container
+# declares, in bytes, written by the webhook into requests and limits (equal,
+# as for every extended resource) and advertised by the extender as node
+# capacity: the sum over the node's shared GPUs of (memory per GPU - margin).
+# Pod resources are immutable, so the declaration cannot be patched after
+# admission, and ResourceQuota, kube-scheduler's NodeResourcesFit and
+# preemption, and kubelet's admission all see it. Same spelling as the user's
+# annotation on purpose: "declare headroom.dev/gpu-memory: 10Gi" either way.
+GPU_MEMORY: Final = "headroom.dev/gpu-memory"
+
 # Labels set by GPU Feature Discovery.
 LABEL_PRODUCT: Final = "nvidia.com/gpu.product"
 LABEL_MEMORY_MIB: Final = "nvidia.com/gpu.memory"
