@@ -1,8 +1,9 @@
 """The run-time guard: a pod holding more GPU memory than it declared.
 
-Declared memory (``headroom.dev/declared-memory``, written by the webhook) is
-per GPU, so the guard compares it with the pod's largest usage on any one GPU
-or MIG device. A pod must be over for ``grace`` consecutive observations before
+Declared memory (the pod's ``headroom.dev/gpu-memory`` resource, written by the
+webhook and immutable; never an annotation a tenant could patch) is per GPU,
+so the guard compares it with the pod's largest usage on any one GPU or MIG
+device. A pod must be over for ``grace`` consecutive observations before
 anything happens, so one spike between two ticks is ignored. Then, once per
 episode (an episode ends when the pod is back within its declaration):
 
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom import names
+from headroom.claims import parse_claim
+from headroom.podspec import PodError
 from headroom.policy import GPUSharingPolicy
-from headroom.quantity import QuantityError, human_bytes, parse_bytes
+from headroom.quantity import human_bytes
 from headroom.reports import ReportStatus
 
 log = logging.getLogger(__name__)
@@ -56,14 +59,11 @@ def guard_action(pod: Pod, policies: Mapping[str, GPUSharingPolicy]) -> GuardAct
 
 
 def declared_bytes(pod: Pod) -> int | None:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    text = annotations.get(names.ANNOTATION_DECLARED_MEMORY)
-    if not isinstance(text, str):
-        return None
+    """The pod's declared memory per GPU, read as the extender reads it (headroom.claims)."""
     try:
-        return parse_bytes(text)
-    except QuantityError:
-        return None  # the webhook writes this annotation; a bad one is not ours to judge
+        return parse_claim(pod).declared
+    except PodError:
+        return None  # the apiserver validated the pod's resources; a bad shape is not ours
 
 
 def peak_usage(status: ReportStatus) -> dict[str, tuple[int, str]]:
@@ -143,7 +143,7 @@ class Guard:
             episode.warned = True
             message = (
                 f"uses {human_bytes(used)} of GPU memory on {where}, above its declared "
-                f"{human_bytes(declared)} ({names.ANNOTATION_DECLARED_MEMORY})"
+                f"{human_bytes(declared)} ({names.GPU_MEMORY})"
             )
             if action == "evict":
                 message += "; policy guard is evict: evicting"

@@ -30,9 +30,9 @@ from agent.gpuspec import GPUSpec, spec_from_node
 from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
 from agent.usage import Leak, Spiky, Steady, UsageError, parse_usage
 from headroom import names
+from headroom.claims import parse_claim
 from headroom.mig import profile_from_resource
 from headroom.podspec import PodError, gpu_requests
-from headroom.quantity import QuantityError, parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class SimulatedProbe:
         if pattern is not None:
             demand = pattern.demand((now - started).total_seconds())
         else:
-            demand = _declared(annotations)
+            demand = _declared(pod)
         container = requests[0].container.name if requests else ""
         load = _Load(uid, container, started, max(demand, 0))
         profile = profile_from_resource(requests[0].resource) if requests else None
@@ -284,8 +284,9 @@ def _started(pod: Pod) -> datetime | None:
     return None
 
 
-def _declared(annotations: Mapping[str, str]) -> int:
+def _declared(pod: Pod) -> int:
+    """Without a usage pattern a simulated pod holds what it declares (headroom.claims)."""
     try:
-        return parse_bytes(annotations.get(names.ANNOTATION_DECLARED_MEMORY) or 0)
-    except QuantityError:
+        return parse_claim(pod).declared or 0
+    except PodError:
         return 0

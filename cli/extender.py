@@ -58,6 +58,13 @@ def add_parser(subparsers: Any) -> None:
         help="how long a bind holds its pod on a node before the pod watch confirms it "
         "(default 60s)",
     )
+    parser.add_argument(
+        "--advertise-capacity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep every shared GPU node's headroom.dev/gpu-memory capacity at the sum of its "
+        "GPUs' memory less the margin (patches nodes/status; default on)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         margin_bytes=args.margin,
         stale_after_seconds=args.report_stale_after,
         assume_ttl_seconds=args.assume_ttl,
+        advertise_capacity=args.advertise_capacity,
     )
     try:
         asyncio.run(serve(settings))

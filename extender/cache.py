@@ -6,9 +6,12 @@ extender is ready once every watch has listed once.
 """
 
 import functools
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client
 
+from extender.capacity import CapacityAdvertiser
 from extender.state import ClusterState
 from headroom import names
 from kube.informer import Informer
@@ -17,16 +20,25 @@ LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class Caches:
-    def __init__(self, api: client.ApiClient, state: ClusterState) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        state: ClusterState,
+        advertiser: CapacityAdvertiser | None = None,
+    ) -> None:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
         list_reports = functools.partial(
             custom.list_cluster_custom_object, names.GROUP, names.VERSION, names.REPORT_PLURAL
         )
+
+        def on_node(kind: str, obj: Mapping[str, Any]) -> None:
+            state.on_node(kind, obj)
+            if advertiser is not None:
+                advertiser.on_node(kind, obj)
+
         self.informers = (
-            Informer(
-                core.list_node, name="nodes", handler=state.on_node, on_resync=state.on_resync
-            ),
+            Informer(core.list_node, name="nodes", handler=on_node, on_resync=state.on_resync),
             Informer(
                 core.list_pod_for_all_namespaces,
                 name="pods",

@@ -11,6 +11,7 @@ from kubernetes import client
 
 from extender.binding import api_binder
 from extender.cache import Caches
+from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
 from extender.server import make_app
 from extender.state import ClusterState
@@ -29,6 +30,7 @@ class Settings:
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
     assume_ttl_seconds: float = 60.0
+    advertise_capacity: bool = True
 
 
 async def _collect_after_sync(caches: Caches) -> None:
@@ -52,7 +54,12 @@ async def serve(settings: Settings) -> None:
         stale_after=settings.stale_after_seconds,
         assume_ttl=settings.assume_ttl_seconds,
     )
-    caches = Caches(api, state)
+    advertiser = (
+        CapacityAdvertiser(api_patcher(api), settings.margin_bytes)
+        if settings.advertise_capacity
+        else None
+    )
+    caches = Caches(api, state, advertiser)
     caches.start()
     extender = Extender(state, api_binder(client.CoreV1Api(api)), ready=caches.ready)
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)

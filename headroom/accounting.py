@@ -29,8 +29,10 @@ report said), every pod is charged to every GPU, by its declaration or by the
 most a stale report saw it hold, whichever is more; nothing a stale report says
 can raise headroom above the declarations-only figure.
 
-Pods without a declaration (not mutated by the webhook) count by observation
-only: nothing until the agent sees them hold memory.
+Shared pods without a declared ``headroom.dev/gpu-memory`` resource (admitted by
+Headroom 0.1, which declared by annotation) are *legacy* and charged the whole
+of each GPU they may be on; annotations never count, a tenant may patch them.
+Other pods without a declaration (MIG, whole-GPU) count by observation only.
 
 MIG pods are counted against slices, not GPU memory: a profile's free slices
 are its node capacity minus the slices bound and assumed pods ask for.
@@ -237,17 +239,21 @@ def _measured(
     }
     shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
 
+    def total(index: int) -> int:
+        usage = reported.get(index)
+        return usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
+
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     for claim in claims:
         where = seen.get(claim.uid, {})
         if claim.uid in located:
             for index, used in where.items():
-                charge = max(claim.need, used)
+                charge = max(_need(claim, node, total(index)), used)
                 charges.setdefault(index, []).append(_charge(claim, used, charge, True))
         elif claim.shared:
             for index in shared_indices:
                 used = where.get(index, 0)
-                charge = max(claim.need, used)
+                charge = max(_need(claim, node, total(index)), used)
                 observed = used if index in where else None
                 charges[index].append(_charge(claim, observed, charge, False))
         else:
@@ -289,7 +295,9 @@ def _declared_only(
         total = node.memory_bytes
         if index in stale_totals:
             total = min(total, stale_totals[index])
-        pods = [_charge(c, None, max(c.need, most_seen.get(c.uid, 0)), False) for c in shared]
+        pods = [
+            _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False) for c in shared
+        ]
         declared = sum(p.declared or 0 for p in pods)
         accounted = sum(p.charged for p in pods)
         gpus.append(
@@ -333,6 +341,17 @@ def _gpu(
         pods=tuple(pods),
         shared=shared,
     )
+
+
+def _need(claim: PodClaim, node: NodeGPUs, gpu_total: int) -> int:
+    """What a pod is charged at least: its declaration, or a legacy pod's whole GPU.
+
+    A legacy pod (shared, admitted by Headroom 0.1 with an annotation only) has
+    no immutable declaration; charging it the GPU -- as large as the label or a
+    report says, whichever is more, so no report can shrink it -- keeps the
+    promise until it is recreated through the webhook.
+    """
+    return max(node.memory_bytes, gpu_total) if claim.legacy else claim.need
 
 
 def _charge(claim: PodClaim, observed: int | None, charged: int, located: bool) -> PodCharge:

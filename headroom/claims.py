@@ -1,14 +1,20 @@
 """What a pod claims on a GPU node: shared replicas, MIG slices, declared memory.
 
-Read from the pod's resources (the device plugin's names) and the annotations
-the webhook wrote. The effective count of a resource follows Kubernetes'
-effective-request rule: the larger of the app containers' sum (sidecar init
-containers included) and the largest plain init container's.
+Read from the pod's resources only: the device plugin's names and Headroom's
+``headroom.dev/gpu-memory``, which the webhook writes and which, like every pod
+resource, cannot change after creation. Annotations are explanations for
+people and never count: a tenant may patch them. The effective amount of a
+resource follows Kubernetes' effective-request rule: the larger of the app
+containers' sum (sidecar init containers included) and the largest plain init
+container's.
 
-A pod the webhook did not mutate has no declared memory; it is charged by what
-the node agent observes it holding and nothing more (see :mod:`headroom.accounting`).
-An unreadable annotation is kept as a ``problem``: the filter refuses such a
-pod with that message, and a pod already bound still counts by observation.
+A shared pod without ``headroom.dev/gpu-memory`` was admitted before the
+declaration became a resource (Headroom 0.1, annotation only): it is *legacy*,
+and the accounting charges it the whole of every GPU it may be on until it is
+recreated through the webhook (``kubectl rollout restart``). A pod neither
+shared nor declaring is charged what the node agent observes it holding.
+A malformed placement annotation is kept as a ``problem``: the filter refuses
+such a pod with that message.
 """
 
 from collections.abc import Mapping
@@ -18,8 +24,17 @@ from typing import Any, Literal
 
 from headroom import names
 from headroom.mig import profile_from_resource
-from headroom.podspec import PodError, gpu_requests, mapping, shown, string_map
-from headroom.quantity import QuantityError, human_bytes, parse_bytes
+from headroom.podspec import (
+    Container,
+    PodError,
+    containers,
+    declared_memory,
+    gpu_requests,
+    mapping,
+    shown,
+    string_map,
+)
+from headroom.quantity import human_bytes
 
 Placement = Literal["binpack", "spread"]
 DEFAULT_PLACEMENT: Placement = "binpack"
@@ -38,7 +53,7 @@ class PodClaim:
     mig: Mapping[str, int] = field(default_factory=dict)
     """MIG profile (``1g.10gb+me``) -> slices."""
     declared: int | None = None
-    """Bytes from ``headroom.dev/declared-memory``; None when the pod declares nothing."""
+    """Effective bytes of ``headroom.dev/gpu-memory``; None when the pod declares nothing."""
     placement: Placement = DEFAULT_PLACEMENT
     terminated: bool = False
     problem: str = ""
@@ -46,6 +61,11 @@ class PodClaim:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def legacy(self) -> bool:
+        """A shared pod with no declared memory resource (admitted by Headroom 0.1)."""
+        return self.shared > 0 and self.declared is None
 
     @property
     def wants_gpu(self) -> bool:
@@ -75,20 +95,29 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
 
     app: dict[str, int] = {}
     init: dict[str, int] = {}
-    for request in gpu_requests(pod):
-        if request.container.kind == "containers" or request.container.sidecar:
-            app[request.resource] = app.get(request.resource, 0) + request.count
+
+    def add(container: Container, resource: str, count: int) -> None:
+        if container.kind == "containers" or container.sidecar:
+            app[resource] = app.get(resource, 0) + count
         else:
-            init[request.resource] = max(init.get(request.resource, 0), request.count)
+            init[resource] = max(init.get(resource, 0), count)
+
+    for request in gpu_requests(pod):
+        add(request.container, request.resource, request.count)
+    for container in containers(pod):
+        memory = declared_memory(container)
+        if memory is not None:
+            add(container, names.GPU_MEMORY, memory)
     effective = {r: max(app.get(r, 0), init.get(r, 0)) for r in app.keys() | init.keys()}
 
     mig: dict[str, int] = {}
+    declared = effective.pop(names.GPU_MEMORY, None)
     for resource, count in effective.items():
         profile = profile_from_resource(resource)
         if profile is not None:
             mig[profile] = count
 
-    declared, problem = _declared(annotations)
+    problem = ""
     placement: Placement = DEFAULT_PLACEMENT
     wanted = annotations.get(names.ANNOTATION_PLACEMENT)
     if wanted == "spread":
@@ -112,24 +141,15 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
 
 
 def has_headroom_annotations(pod: Mapping[str, Any]) -> bool:
-    """Cheap test for the pod cache: was this pod decided by the webhook?"""
+    """Cheap test for the pod cache: was this pod decided by the webhook?
+
+    Used only to keep such pods in the cache (the agent's guard explains them);
+    nothing is charged from annotations."""
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     return isinstance(annotations, Mapping) and (
         names.ANNOTATION_DECLARED_MEMORY in annotations or names.ANNOTATION_MODE in annotations
     )
-
-
-def _declared(annotations: Mapping[str, str]) -> tuple[int | None, str]:
-    raw = annotations.get(names.ANNOTATION_DECLARED_MEMORY)
-    if raw is None:
-        return None, ""
-    try:
-        return parse_bytes(raw), ""
-    except QuantityError:
-        return None, (
-            f"annotation {names.ANNOTATION_DECLARED_MEMORY}={shown(raw)} is not a memory quantity"
-        )
 
 
 def _text(value: object) -> str:

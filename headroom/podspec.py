@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from headroom.names import is_gpu_resource
+from headroom.names import GPU_MEMORY, is_gpu_resource
 from headroom.quantity import QuantityError, parse_quantity
 
 ContainerList = Literal["initContainers", "containers"]
@@ -130,6 +130,25 @@ def _gpu_request(container: Container) -> GPURequest | None:
         raise PodError(f"{where}: asks for more than one GPU resource: {', '.join(wanted)}")
     ((resource, count),) = wanted.items()
     return GPURequest(container, resource, count, in_requests=resource in requests)
+
+
+def declared_memory(container: Container) -> int | None:
+    """Bytes of ``headroom.dev/gpu-memory`` the container asks for; None when it asks none.
+
+    Held to the extended-resource rules the apiserver applies (a limit, requests
+    equal to it, a whole number) so the message names the field before the
+    apiserver would refuse the pod with a less helpful one.
+    """
+    where = f"{container.where}.resources"
+    resources = mapping(container.body, "resources", where)
+    limits = mapping(resources, "limits", f"{where}.limits")
+    requests = mapping(resources, "requests", f"{where}.requests")
+    if GPU_MEMORY not in limits and GPU_MEMORY not in requests:
+        return None
+    amount = _count(limits, requests, GPU_MEMORY, where)
+    if amount <= 0:
+        raise PodError(f"{where}.limits[{GPU_MEMORY}]: must be above 0")
+    return amount
 
 
 def _count(limits: dict[str, Any], requests: dict[str, Any], name: str, where: str) -> int:

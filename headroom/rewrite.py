@@ -17,6 +17,7 @@ from headroom.podspec import (
     GPURequest,
     PodError,
     containers,
+    declared_memory,
     gpu_requests,
     json_type,
     mapping,
@@ -55,7 +56,12 @@ class Placed:
 
 
 class Declarations:
-    """The memory each container declares, from annotations or the policy default."""
+    """The memory each container declares: its ``headroom.dev/gpu-memory`` resource if it
+    asks for one, else the annotations, else the policy default.
+
+    The resource wins because it is what Kubernetes enforces; on the webhook's
+    own output (reinvocation) it holds the value the annotations gave.
+    """
 
     def __init__(self, annotations: Mapping[str, str], spec: GPUSharingPolicySpec, policy: str):
         self.spec = spec
@@ -71,7 +77,9 @@ class Declarations:
                 self.per_container[container] = _memory(key, value)
 
     def of(self, placed_label: str, container: Container) -> int:
-        declared = self.per_container.get(container.name, self.pod_level)
+        declared = declared_memory(container)
+        if declared is None:
+            declared = self.per_container.get(container.name, self.pod_level)
         if declared is None:
             declared = self.spec.default_memory_bytes
         if declared is None:
@@ -130,6 +138,8 @@ class Rewrite:
         placed = [self._place(request, policy, declared) for request in self.requests]
         for item in placed:
             self._set_resource(item)
+            if item.kind == "shared" and item.memory is not None:
+                self._set_memory(item)
         if spec.mode == "exclusive" or any(item.kind != "exclusive" for item in placed):
             foreign = {item.kind for item in placed} - {spec.mode}
             try:
@@ -159,6 +169,22 @@ class Rewrite:
                     f"only {', '.join(allowed)}"
                 )
             return Placed(request, resource, "mig", declared.of(label, request.container))
+        if spec.mode in ("shared", "mig") and count > 1:
+            # A CUDA process sees one MIG device and MIG slices have no peer-to-peer,
+            # and a shared request above 1 fails on the node: N GPUs stay N whole GPUs.
+            if spec.multi_gpu == "deny":
+                raise Denied(
+                    f"{label} asks for {names.GPU}: {count}; policy {policy.name} gives one "
+                    f"{'MIG slice' if spec.mode == 'mig' else 'shared GPU'} per container "
+                    "(multiGPU: deny)"
+                )
+            why = (
+                "a process sees one MIG device and slices have no peer-to-peer"
+                if spec.mode == "mig"
+                else "shared requests above 1 fail on the node"
+            )
+            self.notes.append(f"{label} keeps {count} whole GPUs ({names.GPU}): {why}")
+            return Placed(request, resource, "exclusive")
         if spec.mode == "mig":
             memory = declared.of(label, request.container)
             choice = choose_profile(
@@ -174,19 +200,9 @@ class Rewrite:
             if choice.reason:
                 self.notes.append(f"{label}: {choice.reason}")
             return Placed(request, names.mig_resource(choice.profile), "mig", memory)
-        if spec.mode == "shared" and count == 1:
+        if spec.mode == "shared":
             return Placed(
                 request, names.GPU_SHARED, "shared", declared.of(label, request.container)
-            )
-        if spec.mode == "shared" and spec.multi_gpu == "deny":
-            raise Denied(
-                f"{label} asks for {names.GPU}: {count}; policy {policy.name} shares one GPU "
-                "per container (multiGPU: deny)"
-            )
-        if spec.mode == "shared":
-            self.notes.append(
-                f"{label} keeps {count} whole GPUs ({names.GPU}): shared requests above 1 "
-                "fail on the node"
             )
         return Placed(request, resource, "exclusive")
 
@@ -205,6 +221,25 @@ class Rewrite:
             f" ({format_bytes(item.memory)} declared)" if item.kind == "mig" and item.memory else ""
         )
         self.changes.append(f"{item.label}: {old}: {count} -> {new}: {count}{extra}")
+
+    def _set_memory(self, item: Placed) -> None:
+        """Declare the memory as the extended resource, in limits and requests alike.
+
+        Pod resources are immutable after creation, so from here on nothing a
+        tenant patches can change the charge; quota, kube-scheduler and kubelet
+        see it too (README, "Declared memory is a resource").
+        """
+        assert item.memory is not None
+        if declared_memory(item.request.container) == item.memory:
+            return
+        resources = item.request.container.body["resources"]
+        value = format_bytes(item.memory)
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            if not isinstance(values, dict):
+                values = resources[section] = {}
+            values[names.GPU_MEMORY] = value
+        self.changes.append(f"{item.label}: {names.GPU_MEMORY}: {value}")
 
     def _env_hints(self, item: Placed, spec: GPUSharingPolicySpec) -> None:
         body = item.request.container.body

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from headroom.names import GPU_MEMORY
+
 
 class WriterDouble:
     """Stands in for ``agent.client.ReportWriter``: records every object written."""
@@ -66,11 +68,14 @@ def pod(
     namespace: str = "default",
     annotations: dict[str, str] | None = None,
     resource: str = "nvidia.com/gpu.shared",
+    memory: str | None = None,
     started: str = "2025-01-01T00:00:00Z",
     phase: str = "Running",
     container_id: str | None = None,
 ) -> dict[str, Any]:
-    """A bound pod as the apiserver returns it (the fields the agent reads)."""
+    """A bound pod as the apiserver returns it (the fields the agent reads);
+    ``memory`` is its declared ``headroom.dev/gpu-memory``."""
+    limits = {resource: "1"} if memory is None else {resource: "1", GPU_MEMORY: memory}
     status: dict[str, Any] = {"phase": phase, "startTime": started}
     if container_id:
         status["containerStatuses"] = [
@@ -87,9 +92,7 @@ def pod(
         },
         "spec": {
             "nodeName": "gpu-node-1",
-            "containers": [
-                {"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}
-            ],
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
         "status": status,
     }

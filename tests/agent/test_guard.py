@@ -39,10 +39,8 @@ def guarded(uid: str, policy_name: str, declared: str = "10Gi") -> dict[str, Any
         uid,
         uid,
         namespace="ml",
-        annotations={
-            names.ANNOTATION_POLICY: policy_name,
-            names.ANNOTATION_DECLARED_MEMORY: declared,
-        },
+        annotations={names.ANNOTATION_POLICY: policy_name},
+        memory=declared,
     )
 
 
@@ -99,7 +97,7 @@ def test_event_names_the_usage_the_declaration_and_the_gpu() -> None:
     assert "12.0 GiB" in verdict.message
     assert "10.0 GiB" in verdict.message
     assert "gpu 0 (NVIDIA A100-PCIE-40GB)" in verdict.message
-    assert names.ANNOTATION_DECLARED_MEMORY in verdict.message
+    assert names.GPU_MEMORY in verdict.message
 
 
 def test_evict_only_under_an_evict_policy() -> None:

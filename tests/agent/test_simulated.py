@@ -181,7 +181,7 @@ def test_pods_that_are_not_running_or_not_gpu_users_hold_nothing(
             annotations=usage(pattern="steady", base="5Gi"),
         ),
         cpu_only,
-        pod("declared", "uid-declared", annotations={names.ANNOTATION_DECLARED_MEMORY: "3Gi"}),
+        pod("declared", "uid-declared", memory="3Gi"),
         pod("bad", "uid-bad", annotations={names.ANNOTATION_SIMULATED_USAGE: "{oops"}),
     ]
     probe = SimulatedProbe("n", pods=lambda: pods, spec=GPUSpec(1, 40 * GIB))

@@ -32,7 +32,7 @@ def test_json_output_is_one_object_with_the_mutated_pod(capsys: pytest.CaptureFi
     assert result["allowed"] is True
     assert result["pod"]["metadata"]["generateName"] == "tensorflow-gpu-"
     limits = result["pod"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/gpu.shared": "1"}
+    assert limits == {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "4Gi"}
     assert any(op["path"].endswith("nvidia.com~1gpu.shared") for op in result["patch"])
 
 
@@ -139,7 +139,8 @@ def test_a_pod_from_kubectl_get_keeps_its_timestamps_as_strings(
     result = json.loads(out)
     assert result["pod"]["metadata"]["creationTimestamp"] == "2024-05-01T10:00:00Z"
     assert result["pod"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "nvidia.com/gpu.shared": "1"
+        "nvidia.com/gpu.shared": "1",
+        "headroom.dev/gpu-memory": "4Gi",
     }
 
 

@@ -35,9 +35,11 @@ def test_shared_policy_deployment_is_rewritten_and_placed_with_headroom(
     eventually("3 trainer pods Running", lambda: len(running(pods(cluster, ns))) == 3)
     policy = cluster.kubectl_json("get", "gpusharingpolicy", "gpu-shared")["spec"]
     for pod in pods(cluster, ns):
+        # The declaration is the immutable resource, in limits and requests alike.
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
-        assert limits == {names.GPU_SHARED: "1"}
-        assert pod["spec"]["containers"][0]["resources"]["requests"] == {names.GPU_SHARED: "1"}
+        assert limits == {names.GPU_SHARED: "1", names.GPU_MEMORY: "8Gi"}
+        requests = pod["spec"]["containers"][0]["resources"]["requests"]
+        assert requests == {names.GPU_SHARED: "1", names.GPU_MEMORY: "8Gi"}
         assert pod["spec"]["schedulerName"] == names.HEADROOM_SCHEDULER
         for toleration in policy["tolerations"]:
             assert toleration in pod["spec"]["tolerations"]

@@ -6,7 +6,7 @@ from typing import Any
 from devcluster.cluster import Cluster
 from devcluster.kubectl import wait_until
 from headroom import names
-from headroom.quantity import parse_bytes
+from headroom.claims import parse_claim
 
 MIB = 1024**2
 GIB = 1024**3
@@ -90,14 +90,15 @@ def failed_scheduling(cluster: Cluster, namespace: str) -> dict[str, str]:
 
 
 def declared_by_node(cluster: Cluster) -> dict[str, int]:
-    """Node -> bytes declared by the live shared pods bound to it (all namespaces)."""
+    """Node -> bytes declared by the live shared pods bound to it (all namespaces).
+
+    Read from the pods' ``headroom.dev/gpu-memory`` resources, the immutable
+    declaration, as kubelet and quota see it -- never from Headroom's state."""
     totals: dict[str, int] = {}
     for pod in cluster.kubectl_json("get", "pods", "-A")["items"]:
-        node = pod["spec"].get("nodeName")
-        declared = pod["metadata"].get("annotations", {}).get(names.ANNOTATION_DECLARED_MEMORY)
-        phase = pod.get("status", {}).get("phase")
-        if node and declared and phase not in ("Succeeded", "Failed"):
-            totals[node] = totals.get(node, 0) + parse_bytes(declared)
+        claim = parse_claim(pod)
+        if claim.node and claim.declared and not claim.terminated:
+            totals[claim.node] = totals.get(claim.node, 0) + claim.declared
     return totals
 
 

@@ -83,7 +83,8 @@ def gpu_pod(
     phase: str = "Pending",
     uid: str | None = None,
 ) -> Object:
-    """A pod as the webhook leaves it: shared (or MIG) resource and the headroom annotations."""
+    """A pod as the webhook leaves it: shared (or MIG) resource, a shared pod's declared
+    ``headroom.dev/gpu-memory`` resource, and the explanatory annotations."""
     annotations: dict[str, str] = {}
     if declared is not None:
         annotations[names.ANNOTATION_DECLARED_MEMORY] = declared
@@ -96,6 +97,8 @@ def gpu_pod(
         annotations[names.ANNOTATION_MIG_PROFILE] = mig
     elif shared:
         limits[names.GPU_SHARED] = str(shared)
+        if declared is not None:
+            limits[names.GPU_MEMORY] = declared
     spec: Object = {
         "containers": [
             {

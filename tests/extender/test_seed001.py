@@ -102,6 +102,11 @@ async def test_notebook_is_kept_off_the_gpu_the_leak_has_filled(harness: Harness
         "status": {"phase": "Running"},
     }
     before["spec"]["nodeName"] = "gpu-a"
+    # Declared like the notebook after Headroom (6Gi), so what counts is its observed leak;
+    # undeclared it would be a legacy pod, charged the whole GPU.
+    for container in before["spec"]["containers"]:
+        for section in ("limits", "requests"):
+            container["resources"].setdefault(section, {})[names.GPU_MEMORY] = "6Gi"
     harness.state.on_pod("ADDED", before)
     harness.state.on_report("ADDED", gpu_report("gpu-a", {0: {uid_of(before): demand(before, 2)}}))
     harness.state.on_report("ADDED", gpu_report("gpu-b", {0: {}}))

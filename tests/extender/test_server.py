@@ -95,11 +95,11 @@ async def test_filter_before_caches_sync_is_an_error(harness: Harness) -> None:
 async def test_filter_bad_declaration_is_unresolvable_everywhere(harness: Harness) -> None:
     seed_cluster(harness)
     args = fixture("filter-node-names.json")
-    args["Pod"]["metadata"]["annotations"][names.ANNOTATION_DECLARED_MEMORY] = "10Gx"
+    args["Pod"]["metadata"]["annotations"][names.ANNOTATION_PLACEMENT] = "diagonal"
     _, result = await post(harness, "filter", args)
     assert result["NodeNames"] == []
     assert set(result["FailedAndUnresolvableNodes"]) == {"gpu-a", "gpu-b", "gpu-c"}
-    assert '"10Gx"' in result["FailedAndUnresolvableNodes"]["gpu-b"]
+    assert '"diagonal"' in result["FailedAndUnresolvableNodes"]["gpu-b"]
 
 
 async def test_filter_falls_back_to_declarations_without_a_report_and_says_so(
@@ -111,7 +111,8 @@ async def test_filter_falls_back_to_declarations_without_a_report_and_says_so(
     # Declarations alone (26 GiB of 40) leave room: the leak is invisible without the agent.
     assert result["NodeNames"] == ["gpu-a", "gpu-b"]
     pod = fixture("filter-node-names.json")
-    pod["Pod"]["metadata"]["annotations"][names.ANNOTATION_DECLARED_MEMORY] = "16Gi"
+    for section in ("limits", "requests"):
+        pod["Pod"]["spec"]["containers"][0]["resources"][section][names.GPU_MEMORY] = "16Gi"
     _, result = await post(harness, "filter", pod)
     assert result["FailedNodes"]["gpu-a"] == (
         "gpu 0 NVIDIA-A100-PCIE-40GB: 13.5 GiB headroom < 16.0 GiB declared "

@@ -101,8 +101,19 @@ def test_no_report_falls_back_to_declarations_and_the_label() -> None:
     assert result.source == "declarations"
     assert "no GPUNodeReport" in result.note
     assert gpu.total == 40 * GIB
-    assert gpu.accounted == 10 * GIB  # the undeclared pod counts only once observed
+    # A shared pod with no declared resource is legacy (0.1): charged the whole GPU.
+    assert gpu.accounted == 50 * GIB
+    assert gpu.headroom < 0
     assert result.stale_at is None
+
+
+def test_a_legacy_pod_is_charged_the_whole_gpu_whatever_its_annotation_says() -> None:
+    node = a100(count=2)
+    located = report({0: {"old": 1}, 1: {}})
+    result = account(node, [pod("old", None)], located)
+    assert [gpu.accounted for gpu in result.gpus] == [40 * GIB, 0]
+    result = account(node, [pod("old", None)], None)
+    assert [gpu.accounted for gpu in result.gpus] == [40 * GIB, 40 * GIB]
 
 
 def test_stale_report_keeps_observed_leaks_but_drops_location() -> None:

@@ -39,11 +39,47 @@ def test_effective_request_counts_app_containers_and_the_largest_init() -> None:
     assert parse_claim(pod).shared == 2
 
 
-def test_unmutated_pod_declares_nothing() -> None:
+def test_unmutated_pod_declares_nothing_and_is_legacy_when_shared() -> None:
     claim = parse_claim(gpu_pod("raw", declared=None, placement=None))
     assert claim.declared is None
     assert claim.need == 0
     assert claim.placement == "binpack"
+    assert claim.legacy
+    assert not parse_claim(gpu_pod("m", mig="1g.10gb", declared=None)).legacy
+
+
+def test_annotations_never_declare_memory() -> None:
+    # A tenant may patch annotations; only the immutable resource counts.
+    pod = gpu_pod("p", declared="10Gi")
+    pod["metadata"]["annotations"]["headroom.dev/declared-memory"] = "1Mi"
+    assert parse_claim(pod).declared == 10 * 2**30
+    legacy = gpu_pod("old", declared=None)
+    legacy["metadata"]["annotations"]["headroom.dev/declared-memory"] = "1Mi"
+    assert parse_claim(legacy).declared is None
+
+
+def test_declared_memory_follows_the_effective_request_rule() -> None:
+    pod = gpu_pod("p", declared="4Gi")
+    spec = pod["spec"]
+    spec["containers"].append(
+        {
+            "name": "side",
+            "resources": {
+                "limits": {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "2Gi"}
+            },
+        }
+    )
+    spec["initContainers"] = [
+        {
+            "name": "warm",
+            "resources": {
+                "limits": {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "8Gi"}
+            },
+        }
+    ]
+    assert parse_claim(pod).declared == 8 * 2**30  # the init container's 8 > 4 + 2
+    spec["initContainers"][0]["resources"]["limits"]["headroom.dev/gpu-memory"] = "5Gi"
+    assert parse_claim(pod).declared == 6 * 2**30
 
 
 def test_pod_without_gpu_is_not_interesting() -> None:
@@ -54,8 +90,6 @@ def test_pod_without_gpu_is_not_interesting() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
-        ("headroom.dev/declared-memory", "10Gx", "headroom.dev/declared-memory"),
-        ("headroom.dev/declared-memory", "-1Gi", "headroom.dev/declared-memory"),
         ("headroom.dev/placement", "diagonal", "headroom.dev/placement"),
     ],
 )

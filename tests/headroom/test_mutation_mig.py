@@ -123,11 +123,26 @@ def test_rule4_an_explicit_profile_outside_the_allow_list_is_denied() -> None:
     assert "allows only 1g.5gb" in decision.message
 
 
-def test_rule4_multi_gpu_requests_become_that_many_slices() -> None:
-    pod = declaring("8Gi")
-    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
-    result = patched(pod, run(pod, mig_policy()))
-    assert container(result)["resources"]["limits"] == {"nvidia.com/mig-2g.10gb": "2"}
+@pytest.mark.parametrize(
+    ("name", "count"), [("vllm-tp2-deployment", 2), ("nim-mixtral-8gpu-deployment", 8)]
+)
+def test_rule4_multi_gpu_requests_stay_whole_gpus_never_n_slices(name: str, count: int) -> None:
+    # A CUDA process sees one MIG device and slices have no peer-to-peer, so
+    # nvidia.com/mig-<p>: N never runs tensor parallelism: follow multiGPU.
+    pod = load_pod(name)
+    decision = run(pod, mig_policy())
+    assert decision.allowed
+    limits = container(patched(pod, decision))["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == str(count)
+    assert not any(key.startswith("nvidia.com/mig-") for key in limits)
+    assert any(f"keeps {count} whole GPUs" in w and "MIG" in w for w in decision.warnings)
+
+
+def test_rule4_multi_gpu_requests_denied_under_multigpu_deny() -> None:
+    decision = run(load_pod("vllm-tp2-deployment"), mig_policy(multiGPU="deny"))
+    assert not decision.allowed
+    assert "nvidia.com/gpu: 2" in decision.message
+    assert "multiGPU: deny" in decision.message
 
 
 def test_rule4_me_profiles_use_the_device_plugin_spelling() -> None:

@@ -13,9 +13,11 @@ def test_rule3_the_tensorflow_seed_gets_a_shared_gpu() -> None:
     pod = load_pod("tensorflow-deployment")
     decision = run(pod)
     assert decision.outcome == "mutated"
-    limits = container(patched(pod, decision))["resources"]["limits"]
-    assert limits == {"nvidia.com/gpu.shared": "1"}
-    assert "requests" not in container(patched(pod, decision))["resources"]
+    resources = container(patched(pod, decision))["resources"]
+    # The declaration is a resource too, in limits and requests alike.
+    assert resources["limits"] == {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "4Gi"}
+    assert resources["requests"] == {"headroom.dev/gpu-memory": "4Gi"}
+    assert any('"tf": headroom.dev/gpu-memory: 4Gi' in w for w in decision.warnings)
     assert any(
         '"tf": nvidia.com/gpu: 1 -> nvidia.com/gpu.shared: 1' in w for w in decision.warnings
     )
@@ -57,7 +59,10 @@ def test_rule3_an_explicit_shared_request_is_kept() -> None:
     pod = gpu_pod({"nvidia.com/gpu.shared": "1"})
     decision = run(pod)
     result = patched(pod, decision)
-    assert container(result)["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    assert container(result)["resources"]["limits"] == {
+        "nvidia.com/gpu.shared": "1",
+        "headroom.dev/gpu-memory": "4Gi",
+    }
     assert result["metadata"]["annotations"]["headroom.dev/mode"] == "shared"
 
 
@@ -66,8 +71,8 @@ def test_rule2_requests_are_rewritten_with_limits_and_other_resources_kept() -> 
     result = patched(pod, run(pod))
     trainer, server, shipper = result["spec"]["containers"]
     assert trainer["resources"] == {
-        "limits": {"cpu": "2", "nvidia.com/gpu.shared": "1"},
-        "requests": {"cpu": "1", "nvidia.com/gpu.shared": "1"},
+        "limits": {"cpu": "2", "nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "10Gi"},
+        "requests": {"cpu": "1", "nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "10Gi"},
     }
     assert server["resources"]["requests"] == server["resources"]["limits"]
     assert gpu_keys(server["resources"]["limits"]) == {"nvidia.com/gpu.shared": "1"}
@@ -79,7 +84,8 @@ def test_rule2_init_containers_and_sidecars_are_rewritten_too() -> None:
     result = patched(pod, run(pod))
     for kind, index in (("initContainers", 0), ("initContainers", 1), ("containers", 0)):
         limits = container(result, index, kind)["resources"]["limits"]
-        assert limits == {"nvidia.com/gpu.shared": "1"}, (kind, index)
+        assert limits["nvidia.com/gpu.shared"] == "1", (kind, index)
+        assert limits["headroom.dev/gpu-memory"], (kind, index)
 
 
 def test_rule2_no_stale_gpu_key_is_left_anywhere() -> None:
@@ -136,3 +142,29 @@ def test_two_gpu_resources_in_one_container_are_denied() -> None:
 def test_shared_policy_uses_the_seed_defaults() -> None:
     assert SHARED.spec.multi_gpu == "exclusive"
     assert SHARED.spec.node_selector_conflict == "warn"
+
+
+def test_an_explicit_memory_resource_is_the_declaration_and_is_held_to_max() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1", "headroom.dev/gpu-memory": "6Gi"})
+    result = patched(pod, run(pod))
+    assert container(result)["resources"]["limits"] == {
+        "nvidia.com/gpu.shared": "1",
+        "headroom.dev/gpu-memory": "6Gi",
+    }
+    assert result["metadata"]["annotations"]["headroom.dev/declared-memory"] == "6Gi"
+    too_much = gpu_pod({"nvidia.com/gpu": "1", "headroom.dev/gpu-memory": "64Gi"})
+    decision = run(too_much, make_policy("capped", defaultMemory="4Gi", maxMemory="20Gi"))
+    assert not decision.allowed
+    assert "above maxMemory 20Gi" in decision.message
+
+
+def test_a_malformed_memory_resource_is_denied_naming_the_field() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1", "headroom.dev/gpu-memory": "1.5"})
+    decision = run(pod)
+    assert not decision.allowed
+    assert "spec.containers[0].resources.limits[headroom.dev/gpu-memory]" in decision.message
+    pod = gpu_pod({"nvidia.com/gpu": "1", "headroom.dev/gpu-memory": "8Gi"})
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"headroom.dev/gpu-memory": "4Gi"}
+    decision = run(pod)
+    assert not decision.allowed
+    assert "requests and limits of headroom.dev/gpu-memory differ" in decision.message

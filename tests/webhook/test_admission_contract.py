@@ -59,8 +59,11 @@ async def test_a_deployment_pod_in_a_shared_namespace_gets_a_shared_gpu(client: 
     assert response["allowed"] is True
     pod = patched(document["request"]["object"], response)
     resources = pod["spec"]["containers"][0]["resources"]
-    assert resources["limits"] == {"nvidia.com/gpu.shared": "1"}
-    assert resources["requests"] == {"nvidia.com/gpu.shared": "1"}
+    assert resources["limits"] == {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "10Gi"}
+    assert resources["requests"] == {
+        "nvidia.com/gpu.shared": "1",
+        "headroom.dev/gpu-memory": "10Gi",
+    }
     annotations = pod["metadata"]["annotations"]
     assert annotations["headroom.dev/gpu-memory"] == "10Gi"  # the user's, kept
     assert annotations["headroom.dev/policy"] == "shared-default"

@@ -1,0 +1,64 @@
+"""The ``headroom.dev/gpu-memory`` capacity a node should advertise.
+
+Declared GPU memory is an extended resource (:data:`headroom.names.GPU_MEMORY`),
+so a node must advertise how much of it it has for kube-scheduler's
+NodeResourcesFit, its preemption, ResourceQuota's view and kubelet's admission
+to count it. A node's capacity is the sum over its shared GPUs of the memory
+each has (GPU Feature Discovery's ``nvidia.com/gpu.memory``) less the
+extender's margin: the node-level form of the promise
+``sum(declared) <= total - margin`` that the extender keeps per GPU.
+
+A node counts as shared when the device plugin advertises
+``nvidia.com/gpu.shared``; on a node that also runs MIG (strategy mixed) the
+label count includes the MIG GPUs, so the node-level figure can be larger than
+what shared pods may really use -- never smaller. The per-GPU fit is the
+extender's. A node without shared GPUs advertises none (0 if it did before).
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from headroom import names
+from headroom.nodes import NodeGPUs
+from headroom.quantity import QuantityError, format_bytes, parse_bytes
+
+
+def desired_capacity(node: NodeGPUs, margin: int) -> int:
+    """Bytes of ``headroom.dev/gpu-memory`` ``node`` should advertise (0: none)."""
+    if node.shared_capacity <= 0 or node.count <= 0 or node.memory_bytes <= margin:
+        return 0
+    return node.count * (node.memory_bytes - margin)
+
+
+def advertised(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(capacity, allocatable) of ``headroom.dev/gpu-memory`` in the Node's status;
+    None where absent or unreadable."""
+    status = node.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    return _read(status.get("capacity")), _read(status.get("allocatable"))
+
+
+def capacity_patch(node: Mapping[str, Any], node_gpus: NodeGPUs, margin: int) -> dict[str, Any]:
+    """The merge patch that makes the Node advertise what it should; {} if it does."""
+    want = desired_capacity(node_gpus, margin)
+    capacity, allocatable = advertised(node)
+    if want == 0 and capacity in (None, 0) and allocatable in (None, 0):
+        return {}
+    if capacity == want and allocatable == want:
+        return {}
+    value = format_bytes(want)
+    return {
+        "status": {"capacity": {names.GPU_MEMORY: value}, "allocatable": {names.GPU_MEMORY: value}}
+    }
+
+
+def _read(resources: object) -> int | None:
+    if not isinstance(resources, Mapping):
+        return None
+    value = resources.get(names.GPU_MEMORY)
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_bytes(value)
+    except QuantityError:
+        return None

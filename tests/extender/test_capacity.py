@@ -1,0 +1,73 @@
+"""The node capacity of headroom.dev/gpu-memory: what it should be, and the advertiser."""
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from extender.capacity import CapacityAdvertiser
+from headroom import names
+from headroom.capacity import capacity_patch, desired_capacity
+from headroom.nodes import parse_node
+from tests.extender.objects import GIB, gpu_node
+
+MARGIN = 512 * 2**20
+
+
+def test_a_shared_node_advertises_its_gpus_memory_less_the_margin() -> None:
+    node = gpu_node("a", gpus=2)
+    assert desired_capacity(parse_node(node), MARGIN) == 2 * (40 * GIB - MARGIN)
+    patch = capacity_patch(node, parse_node(node), MARGIN)
+    assert patch == {
+        "status": {
+            "capacity": {names.GPU_MEMORY: "79Gi"},
+            "allocatable": {names.GPU_MEMORY: "79Gi"},
+        }
+    }
+    node["status"]["capacity"][names.GPU_MEMORY] = "79Gi"
+    node["status"]["allocatable"][names.GPU_MEMORY] = str(2 * (40 * GIB - MARGIN))
+    assert capacity_patch(node, parse_node(node), MARGIN) == {}  # same value, other spelling
+
+
+def test_a_zeroed_capacity_is_put_back() -> None:
+    # kubelet zeroes extended resources it does not know when it restarts afresh.
+    node = gpu_node("a")
+    node["status"]["capacity"][names.GPU_MEMORY] = "0"
+    node["status"]["allocatable"][names.GPU_MEMORY] = "0"
+    assert capacity_patch(node, parse_node(node), MARGIN)["status"]["capacity"] == {
+        names.GPU_MEMORY: "40448Mi"
+    }
+
+
+def test_a_node_without_shared_gpus_advertises_none() -> None:
+    node = gpu_node("m", mig={"3g.20gb": 1})
+    assert desired_capacity(parse_node(node), MARGIN) == 0
+    assert capacity_patch(node, parse_node(node), MARGIN) == {}
+    node["status"]["capacity"][names.GPU_MEMORY] = "40Gi"
+    assert capacity_patch(node, parse_node(node), MARGIN)["status"]["capacity"] == {
+        names.GPU_MEMORY: "0"
+    }
+
+
+async def test_the_advertiser_patches_once_and_retries_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("extender.capacity.RETRY_SECONDS", (0.01,))
+    calls: list[tuple[str, dict[str, Any]]] = []
+    failures = [OSError("connection reset")]
+
+    def patcher(node: str, body: dict[str, Any]) -> None:
+        calls.append((node, body))
+        if failures:
+            raise failures.pop()
+
+    advertiser = CapacityAdvertiser(patcher, MARGIN)
+    node = gpu_node("a")
+    advertiser.on_node("ADDED", node)
+    advertiser.on_node("MODIFIED", node)  # already being patched: no second task
+    for _ in range(100):
+        if advertiser.patched:
+            break
+        await asyncio.sleep(0.01)
+    assert advertiser.patched == 1
+    assert [name for name, _ in calls] == ["a", "a"]  # one failure, one retry
