@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from devcluster import controlplane, nodes
+from devcluster import controlplane, kubeconfig, nodes
 from devcluster.binaries import CHECKOUT
 from devcluster.process import Component, Probe, ProcessError, Progress
 from devcluster.state import ClusterState
@@ -65,6 +65,34 @@ def _account(state: ClusterState, component: str) -> Path:
     )
 
 
+AGENT_TOKEN_DURATION = "48h"
+"""Node-bound agent tokens are not refreshed on the local cluster; a test session or
+a demo lasts minutes. (In a real cluster the DaemonSet's projected token is.)"""
+
+
+def _agent_account(cluster: "Cluster", node: str) -> Path:
+    """A kubeconfig with a headroom-agent token bound to ``node``'s Node object.
+
+    Such a token carries ``authentication.kubernetes.io/node-name``, which the
+    ValidatingAdmissionPolicy ``headroom-agent-own-node`` checks against the
+    GPUNodeReport written; a client certificate carries no such claim.
+    """
+    account = SERVICE_ACCOUNTS["agent"]
+    token = cluster.kubectl(
+        "create", "token", account, "-n", NAMESPACE,
+        "--bound-object-kind", "Node", "--bound-object-name", node,
+        f"--duration={AGENT_TOKEN_DURATION}",
+    ).stdout.strip()  # fmt: skip
+    state = cluster.state
+    return kubeconfig.write(
+        state.kubeconfigs / f"agent-{node}.kubeconfig",
+        server=state.server,
+        ca=state.pki / "ca.crt",
+        user=f"system:serviceaccount:{NAMESPACE}:{account}",
+        token=token,
+    )
+
+
 def extender_configuration(port: int, specs: list[nodes.NodeSpec]) -> dict[str, Any]:
     """The ``extenders[0]`` entry of the headroom-scheduler's configuration."""
     managed = [names.GPU_SHARED, *nodes.mig_resources(specs)]
@@ -83,13 +111,13 @@ def extender_configuration(port: int, specs: list[nodes.NodeSpec]) -> dict[str, 
     }
 
 
-def _processes(state: ClusterState, specs: list[nodes.NodeSpec], bins: Path) -> list[Component]:
+def _processes(cluster: "Cluster", specs: list[nodes.NodeSpec]) -> list[Component]:
+    state, bins = cluster.state, cluster.bins
     certs = state.directory / "webhook-certs"
     webhook_port = state.port("webhook")
     extender_port = state.port("extender")
     webhook_config = _account(state, "webhook")
     scheduler_config = _account(state, "scheduler")
-    agent_config = _account(state, "agent")
     processes = [
         Component(
             name="webhook",
@@ -147,7 +175,7 @@ def _processes(state: ClusterState, specs: list[nodes.NodeSpec], bins: Path) -> 
                         "--backend",
                         "simulated",
                         "--kubeconfig",
-                        str(agent_config),
+                        str(_agent_account(cluster, spec.name)),
                         "--interval",
                         AGENT_INTERVAL,
                         "--port",
@@ -215,7 +243,7 @@ def install(cluster: "Cluster", specs: list[nodes.NodeSpec], progress: Progress)
     kubectl.apply(rest)
     progress(f"applied {LOCAL_OVERLAY.relative_to(CHECKOUT)}: {len(objects)} objects")
     ca_bundle = _generate_certs(state)
-    cluster._launch(_processes(state, specs, cluster.bins), progress)
+    cluster._launch(_processes(cluster, specs), progress)
     kubectl.apply(register_webhook(webhooks, port=state.port("webhook"), ca_bundle=ca_bundle))
     progress(f"webhook registered at https://127.0.0.1:{state.port('webhook')}/mutate")
     _wait_reports(cluster, [spec.name for spec in specs if spec.has_gpu()], progress)

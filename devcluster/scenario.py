@@ -98,6 +98,10 @@ def load(path: Path = SEED001, *, duration: float = REFERENCE_SECONDS) -> Scenar
 
 def namespace(name: str, *, policy: str | None) -> Object:
     labels = {SCENARIO_LABEL: "seed001"}
+    if not policy:
+        # Stock time-slicing (the "before" story) is refused cluster-wide by Headroom's
+        # admission policies; an admin's exemption lets the demo show what it prevents.
+        labels[names.LABEL_EXEMPT] = "true"
     if policy is not None:
         labels[names.LABEL_POLICY] = policy
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}

@@ -296,7 +296,8 @@ def _declared_only(
         if index in stale_totals:
             total = min(total, stale_totals[index])
         pods = [
-            _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False) for c in shared
+            _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
+            for c in shared
         ]
         declared = sum(p.declared or 0 for p in pods)
         accounted = sum(p.charged for p in pods)

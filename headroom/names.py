@@ -33,6 +33,10 @@ LABEL_MIG_STRATEGY: Final = "nvidia.com/mig.strategy"
 # Headroom's own labels and annotations.
 LABEL_POLICY: Final = "headroom.dev/policy"
 """Namespace label naming the GPUSharingPolicy that applies to its pods."""
+LABEL_EXEMPT: Final = "headroom.dev/exempt"
+"""Namespace label, set by cluster admins only: ``"true"`` exempts the namespace from
+Headroom's ValidatingAdmissionPolicies (stock time-slicing stays possible there; the
+extender charges such undeclared shared pods the whole GPU)."""
 LABEL_SKIP: Final = "headroom.dev/skip"
 """Pod label; ``"true"`` opts the pod out of mutation."""
 ANNOTATION_GPU_MEMORY: Final = "headroom.dev/gpu-memory"
