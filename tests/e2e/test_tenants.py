@@ -1,0 +1,245 @@
+"""Issue 7's attacks, each as a tenant or a component would try it, on the real control plane.
+
+A tenant is a user bound to the built-in ``edit`` ClusterRole in their
+namespace (DESIGN §8b), impersonated with ``kubectl --as``. Each attack worked
+on Headroom 0.1; here each is refused, or changes nothing.
+"""
+
+import copy
+from typing import Any
+
+import yaml
+
+from devcluster.cluster import Cluster
+from headroom import names
+from tests.e2e.conftest import NamespaceFactory
+from tests.e2e.workloads import (
+    GIB,
+    eventually,
+    failed_scheduling,
+    gpu_deployment,
+    gpu_pod,
+    pods,
+    running,
+    settle,
+)
+
+TENANT = "tenant-ada"
+NODE = "a100-shared-0"
+
+
+def tenant_of(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl(
+        "create", "rolebinding", "tenant-edit", "--clusterrole=edit", f"--user={TENANT}",
+        "-n", namespace,
+    )  # fmt: skip
+
+
+def as_tenant(cluster: Cluster, *args: str, input: str | None = None) -> tuple[int, str]:
+    result = cluster.kubectl(f"--as={TENANT}", *args, input=input, check=False)
+    return result.returncode, result.stderr + result.stdout
+
+
+def create(cluster: Cluster, obj: dict[str, Any], *as_who: str) -> tuple[int, str]:
+    result = cluster.kubectl(*as_who, "create", "-f", "-", input=yaml.safe_dump(obj), check=False)
+    return result.returncode, result.stderr + result.stdout
+
+
+def shared_pod(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    """A pod asking nvidia.com/gpu.shared directly, declaring 1Mi, as a tenant would write it."""
+    limits = {names.GPU_SHARED: "1", names.GPU_MEMORY: "1Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedulerName": names.HEADROOM_SCHEDULER,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+            **spec,
+        },
+    }
+
+
+def pinned(namespace: str, name: str, replicas: int, memory: str) -> dict[str, Any]:
+    return gpu_deployment(
+        namespace,
+        name,
+        replicas=replicas,
+        memory=memory,
+        node_selector={"kubernetes.io/hostname": NODE},
+    )
+
+
+def test_patched_annotations_change_no_charge(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    cluster.apply([pinned(ns, "fill", 3, "10Gi")])
+    eventually("3 pods Running", lambda: len(running(pods(cluster, ns))) == 3)
+    for pod in pods(cluster, ns):
+        name = pod["metadata"]["name"]
+        code, out = as_tenant(
+            cluster, "annotate", "pod", name, "-n", ns, "--overwrite",
+            f"{names.ANNOTATION_DECLARED_MEMORY}=1Mi",
+            f"{names.ANNOTATION_POLICY}=gpu-shared-dryrun",
+        )  # fmt: skip
+        assert code == 0, out  # annotations are the tenant's to write ...
+        code, out = as_tenant(
+            cluster, "patch", "pod", name, "-n", ns, "--type=json", "-p",
+            '[{"op":"replace","path":"/spec/containers/0/resources/limits/headroom.dev~1gpu-memory",'
+            '"value":"1Mi"}]',
+        )  # fmt: skip
+        assert code != 0, out  # ... the declaration is not: pod resources are immutable
+        assert "Forbidden" in out or "Invalid" in out, out
+    # ... and nothing they wrote freed memory: a fourth 10Gi pod still does not fit.
+    cluster.apply([pinned(ns, "more", 1, "10Gi")])
+    settle(cluster, ns, total=4)
+    assert len(running(pods(cluster, ns))) == 3
+    (waiting,) = [p for p in pods(cluster, ns) if p["metadata"]["name"].startswith("more")]
+    reason = failed_scheduling(cluster, ns)[waiting["metadata"]["name"]]
+    assert names.GPU_MEMORY in reason or "declared" in reason, reason
+
+
+def test_skip_label_preset_node_and_foreign_scheduler_are_refused(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    as_tenant_flag = f"--as={TENANT}"
+
+    skipped = gpu_pod(ns, "skipper", labels={names.LABEL_SKIP: "true"})
+    skipped["spec"]["containers"][0]["resources"]["limits"] = {names.GPU_SHARED: "1"}
+    code, out = create(cluster, skipped, as_tenant_flag)
+    assert code != 0, out
+    assert "declares no headroom.dev/gpu-memory" in out, out
+
+    code, out = create(cluster, shared_pod(ns, "preset", nodeName=NODE), as_tenant_flag)
+    assert code != 0, out
+    assert "may not preset spec.nodeName" in out, out
+
+    foreign = gpu_pod(ns, "kai", memory="4Gi")
+    foreign["spec"]["schedulerName"] = "kai-scheduler"
+    code, out = create(cluster, foreign, as_tenant_flag)
+    assert code != 0, out
+    assert "must be scheduled by headroom-scheduler (spec.schedulerName is kai-scheduler)" in out
+
+    assert pods(cluster, ns) == []
+
+
+def test_an_unlabelled_namespace_cannot_ask_for_shared_slots(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace()
+    tenant_of(cluster, ns)
+    code, out = create(cluster, shared_pod(ns, "sneaky"), f"--as={TENANT}")
+    assert code != 0, out
+    assert "without the label headroom.dev/policy" in out, out
+    whole = gpu_pod(ns, "whole")  # nvidia.com/gpu: 1 stays allowed, untouched
+    code, out = create(cluster, whole, f"--as={TENANT}")
+    assert code == 0, out
+
+
+def test_quota_on_gpu_memory_and_a_warning_for_a_bypassed_gpu_quota(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    ns = namespace("gpu-shared")
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpu", "namespace": ns},
+        "spec": {"hard": {f"requests.{names.GPU_MEMORY}": "20Gi", "requests.nvidia.com/gpu": "1"}},
+    }
+    cluster.apply([quota])
+    eventually(
+        "the quota to be counted",
+        lambda: bool(cluster.kubectl_json("get", "resourcequota", "gpu", "-n", ns).get("status")),
+    )
+    outcomes = [create(cluster, gpu_pod(ns, f"q{i}", memory="10Gi")) for i in range(3)]
+    assert [code for code, _ in outcomes] == [0, 0, 1], outcomes
+    assert "exceeded quota: gpu" in outcomes[2][1], outcomes[2][1]
+    assert f"requests.{names.GPU_MEMORY}" in outcomes[2][1], outcomes[2][1]
+    # The rewrite took these pods out of requests.nvidia.com/gpu; kubectl says so.
+    assert "ResourceQuota gpu limits nvidia.com/gpu" in outcomes[0][1], outcomes[0][1]
+
+
+def test_an_agent_may_write_only_its_own_nodes_report(cluster: Cluster) -> None:
+    own = cluster.state.kubeconfigs / f"agent-{NODE}.kubeconfig"
+    other = "a100-shared-1"
+    report = cluster.kubectl_json("get", "gpunodereport", other)
+    forged = copy.deepcopy(report)
+    forged["metadata"].pop("managedFields", None)
+    for gpu in forged["status"]["gpus"]:
+        gpu["totalBytes"] = 1024 * GIB
+    result = cluster.kubectl(
+        f"--kubeconfig={own}", "replace", "-f", "-", input=yaml.safe_dump(forged), check=False
+    )
+    assert result.returncode != 0, result.stdout
+    assert f"the agent of node {NODE} may not write the GPUNodeReport of {other}" in result.stderr
+    after = cluster.kubectl_json("get", "gpunodereport", other)
+    assert all(gpu["totalBytes"] < 1024 * GIB for gpu in after["status"]["gpus"])
+
+
+def test_the_certificates_account_cannot_mint_token_secrets(cluster: Cluster) -> None:
+    account = "--as=system:serviceaccount:headroom-system:headroom-certs"
+    token_secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "headroom-webhook-tls",
+            "namespace": "headroom-system",
+            "annotations": {"kubernetes.io/service-account.name": "headroom-scheduler"},
+        },
+        "type": "kubernetes.io/service-account-token",
+    }
+    result = cluster.kubectl(
+        account, "create", "-f", "-", input=yaml.safe_dump(token_secret), check=False
+    )
+    assert result.returncode != 0, result.stdout
+    assert "only Opaque or kubernetes.io/tls Secrets" in result.stderr, result.stderr
+    other = {
+        **token_secret,
+        "type": "Opaque",
+        "metadata": {"name": "x", "namespace": "headroom-system"},
+    }
+    result = cluster.kubectl(account, "create", "-f", "-", input=yaml.safe_dump(other), check=False)
+    assert result.returncode != 0, result.stdout
+    assert "only Secrets headroom-webhook-tls and headroom-webhook-ca" in result.stderr
+
+
+def test_node_capacity_is_advertised_and_put_back(cluster: Cluster) -> None:
+    def capacity() -> str | None:
+        node = cluster.kubectl_json("get", "node", NODE)
+        value: str | None = node["status"]["capacity"].get(names.GPU_MEMORY)
+        return value
+
+    eventually("the node's GPU memory capacity", lambda: capacity() == "40448Mi")
+    # What a kubelet restart without its device-plugin checkpoint does to extended resources.
+    cluster.kubectl(
+        "patch", "node", NODE, "--subresource=status", "--type=merge", "-p",
+        '{"status":{"capacity":{"headroom.dev/gpu-memory":"0"},'
+        '"allocatable":{"headroom.dev/gpu-memory":"0"}}}',
+    )  # fmt: skip
+    eventually("the capacity put back", lambda: capacity() == "40448Mi", timeout=60)
+
+
+def test_a_legacy_pod_is_charged_the_whole_gpu(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # A shared pod with no declared resource, as 0.1 admitted them: only an admin's
+    # exempt namespace can still create one now.
+    legacy_ns = namespace()
+    cluster.kubectl("label", "namespace", legacy_ns, f"{names.LABEL_EXEMPT}=true")
+    legacy = shared_pod(legacy_ns, "old", nodeName=NODE)
+    legacy["spec"]["containers"][0]["resources"]["limits"] = {names.GPU_SHARED: "1"}
+    legacy["metadata"]["annotations"] = {names.ANNOTATION_DECLARED_MEMORY: "1Mi"}
+    code, out = create(cluster, legacy)
+    assert code == 0, out
+    ns = namespace("gpu-shared")
+    cluster.apply([pinned(ns, "small", 1, "1Gi")])
+    settle(cluster, ns, total=1)
+    assert running(pods(cluster, ns)) == []
+    reason = next(iter(failed_scheduling(cluster, ns).values()))
+    # The whole 40 GiB is charged to the legacy pod, whatever its annotation says.
+    assert "-512.0 MiB headroom < 1.0 GiB declared" in reason, reason
