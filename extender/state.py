@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from extender.verdicts import Verdicts
-from headroom.accounting import FUTURE_TOLERANCE_SECONDS, NodeAccount, account_node
+from headroom.accounting import FUTURE_TOLERANCE_SECONDS, NodeAccount, account_node, measured
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
 from headroom.placement import Fit, fit
@@ -55,6 +55,9 @@ class ClusterState:
         self.clock = clock
         self.nodes: dict[str, NodeGPUs] = {}
         self.reports: dict[str, ReportStatus] = {}
+        self.last_good: dict[str, ReportStatus] = {}
+        """Node -> its last report that was fresh and measured when it came: what a stale,
+        unavailable or deleted report leaves counting (headroom.accounting)."""
         self.pods: dict[str, PodClaim] = {}
         """Every GPU pod the cache holds, by UID."""
         self.assumed: dict[str, tuple[PodClaim, float]] = {}
@@ -80,6 +83,7 @@ class ClusterState:
             return
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
+            self.last_good.pop(node.name, None)
         else:
             self.nodes[node.name] = node
         self._touch(node.name)
@@ -101,6 +105,8 @@ class ClusterState:
             else:
                 old = self.reports.get(name)
                 self.reports[name] = report
+                if measured(report, now=self.clock(), stale_after=self.stale_after):
+                    self.last_good[name] = report
                 if old is not None and self._heartbeat(name, old, report):
                     return
         self._touch(name)
@@ -150,6 +156,7 @@ class ClusterState:
             now=self.clock() if now is None else now,
             margin=self.margin,
             stale_after=self.stale_after,
+            last_good=self.last_good.get(name),
         )
         self._accounts[name] = account
         self.shared_headroom[name] = account.shared_headroom

@@ -151,20 +151,27 @@ def account_node(
     now: float,
     margin: int,
     stale_after: float,
+    last_good: ReportStatus | None = None,
 ) -> NodeAccount:
     """Account ``node``'s GPUs for the pods bound or assumed there (``claims``).
 
     ``now`` is epoch seconds; a report older than ``stale_after`` seconds is stale.
+    ``last_good`` is the node's last report that was fresh, readable and measured
+    (NVML available) when it came: when ``report`` is not usable, what it observed
+    keeps counting -- per pod the most it held, per GPU its unattributed memory --
+    until a fresh measured report replaces it. A fault never raises headroom.
     """
     live = [c for c in claims if not c.terminated]
     source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
     if node.problems:
         note = "; ".join(filter(None, (note, *node.problems)))
-    if source == "report":
-        assert report is not None
+    if report is not None and source == "report":
+        report, forged = _believable(node, report)
+        note = "; ".join(filter(None, (note, *forged)))
         gpus = _measured(node, live, report, margin)
     else:
-        gpus = _declared_only(node, live, report if source == "stale-report" else None, margin)
+        evidence = [r for r in (last_good, report) if r is not None]
+        gpus = _declared_only(node, live, evidence, margin)
     mig = {
         profile: MigAccount(
             profile,
@@ -193,6 +200,11 @@ DEFAULT_STALE_AFTER_SECONDS = 90.0
 
 FUTURE_TOLERANCE_SECONDS = 30.0
 """How far ahead of the extender's clock an agent's observedAt may be and still count."""
+
+
+def measured(report: ReportStatus, *, now: float, stale_after: float) -> bool:
+    """Whether ``report`` is a fresh, readable measurement: one to remember as last good."""
+    return _freshness(report, now=now, stale_after=stale_after)[0] == "report"
 
 
 def _freshness(
@@ -279,28 +291,76 @@ def _measured(
     ]
 
 
+def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, list[str]]:
+    """The report without what the node's labels rule out, and why.
+
+    GPU Feature Discovery's labels are written on the node by the node's own
+    operator; a report is written by an agent. A GPU index beyond
+    ``nvidia.com/gpu.count`` would let a forged report "locate" pods on a GPU
+    that does not exist (and so off the real ones): such GPUs are dropped. A
+    total above ``nvidia.com/gpu.memory`` is capped at the label (``_gpu``).
+    """
+    problems = []
+    gpus = report.gpus
+    if node.count > 0 and any(gpu.index >= node.count for gpu in gpus):
+        gpus = [gpu for gpu in gpus if gpu.index < node.count]
+        problems.append(f"GPUNodeReport lists GPUs beyond nvidia.com/gpu.count={node.count}")
+    if node.memory_bytes > 0 and any(gpu.total_bytes > node.memory_bytes for gpu in gpus):
+        problems.append("GPUNodeReport totals above nvidia.com/gpu.memory are not trusted")
+    if gpus is not report.gpus:
+        report = report.model_copy(update={"gpus": gpus})
+    return report, problems
+
+
 def _declared_only(
-    node: NodeGPUs, claims: list[PodClaim], stale: ReportStatus | None, margin: int
+    node: NodeGPUs, claims: list[PodClaim], evidence: list[ReportStatus], margin: int
 ) -> list[GPUAccount]:
+    """Declarations and the label, plus whatever the reports in ``evidence`` observed.
+
+    Every shared pod is charged on every GPU (where it runs is not known any more)
+    the larger of its declaration and the most any report saw it hold; pods the
+    reports show that the cache does not hold, and each GPU's unattributed memory,
+    count where and as much as last observed. Totals never exceed the label or any report's.
+    """
     most_seen: dict[str, int] = {}
-    stale_totals: dict[int, int] = {}
-    if stale is not None:
-        for gpu in stale.gpus:
-            stale_totals[gpu.index] = gpu.total_bytes
+    strangers: dict[int, dict[str, tuple[str, int]]] = {}
+    unattributed: dict[int, int] = {}
+    report_totals: dict[int, int] = {}
+    known = {c.uid for c in claims}
+    for status in evidence:
+        for gpu in status.gpus:
+            if node.count > 0 and gpu.index >= node.count:
+                continue
+            if gpu.total_bytes:
+                report_totals[gpu.index] = min(
+                    report_totals.get(gpu.index, gpu.total_bytes), gpu.total_bytes
+                )
+            unattributed[gpu.index] = max(unattributed.get(gpu.index, 0), gpu.unattributed_bytes)
             for usage in gpu.pods:
                 most_seen[usage.uid] = max(most_seen.get(usage.uid, 0), usage.used_bytes)
+                if usage.uid not in known:
+                    key = f"{usage.namespace}/{usage.name}" if usage.name else usage.uid
+                    on_gpu = strangers.setdefault(gpu.index, {})
+                    held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
+                    on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
-        if index in stale_totals:
-            total = min(total, stale_totals[index])
+        if index in report_totals:
+            total = min(total, report_totals[index]) if total else report_totals[index]
         pods = [
             _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
             for c in shared
         ]
+        # Foreign processes and pods the cache does not hold stay where they were seen.
+        pods += [
+            PodCharge(uid, key, None, held, held, True, False)
+            for uid, (key, held) in strangers.get(index, {}).items()
+        ]
+        spare = unattributed.get(index, 0)
         declared = sum(p.declared or 0 for p in pods)
-        accounted = sum(p.charged for p in pods)
+        accounted = sum(p.charged for p in pods) + spare
         gpus.append(
             GPUAccount(
                 index,
@@ -308,7 +368,7 @@ def _declared_only(
                 total,
                 declared,
                 0,
-                0,
+                spare,
                 accounted,
                 total - accounted - margin,
                 tuple(pods),
@@ -327,6 +387,8 @@ def _gpu(
     shared: bool,
 ) -> GPUAccount:
     total = usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
+    if node.memory_bytes > 0:
+        total = min(total, node.memory_bytes)  # a report never makes a GPU larger than its label
     product = node.product or (usage.product if usage is not None else "")
     unattributed = usage.unattributed_bytes if usage is not None else 0
     accounted = sum(p.charged for p in pods) + unattributed

@@ -125,8 +125,10 @@ async def test_notebook_is_kept_off_the_gpu_the_leak_has_filled(harness: Harness
     assert node == "gpu-b"
     assert failed["gpu-a"].startswith("gpu 0 NVIDIA-A100-PCIE-40GB: 3.1 GiB headroom < 6.0 GiB")
 
-    # Declarations alone would have put it on gpu-a and starved the GPU: the report matters.
+    # Declarations alone would put it on gpu-a and starve the GPU: the report matters, and
+    # losing it (agent gone, report deleted) must not forget the leak it showed.
     harness.state.on_report("DELETED", gpu_report("gpu-a", {}))
     account = harness.state.account("gpu-a")
     assert account is not None
-    assert account.shared_headroom >= 6 * GIB
+    assert account.source == "declarations"
+    assert account.shared_headroom < 6 * GIB

@@ -106,6 +106,7 @@ async def test_filter_falls_back_to_declarations_without_a_report_and_says_so(
     harness: Harness,
 ) -> None:
     seed_cluster(harness)
+    harness.state.last_good.clear()  # an agent that never reported
     harness.state.on_report("DELETED", gpu_report("gpu-a", {}))
     _, result = await post(harness, "filter", fixture("filter-node-names.json"))
     # Declarations alone (26 GiB of 40) leave room: the leak is invisible without the agent.
@@ -118,6 +119,15 @@ async def test_filter_falls_back_to_declarations_without_a_report_and_says_so(
         "gpu 0 NVIDIA-A100-PCIE-40GB: 13.5 GiB headroom < 16.0 GiB declared "
         "(no GPUNodeReport from the node agent: declarations and labels only)"
     )
+
+
+async def test_a_deleted_report_leaves_what_it_observed_counting(harness: Harness) -> None:
+    seed_cluster(harness)
+    _, before = await post(harness, "filter", fixture("filter-node-names.json"))
+    harness.state.on_report("DELETED", gpu_report("gpu-a", {}))
+    _, after = await post(harness, "filter", fixture("filter-node-names.json"))
+    assert before["NodeNames"] == after["NodeNames"] == ["gpu-b"]
+    assert "no GPUNodeReport" in after["FailedNodes"]["gpu-a"]
 
 
 async def test_prioritize_binpack_and_spread(harness: Harness) -> None:

@@ -1,0 +1,119 @@
+"""Faults never raise headroom (issue 7): stale, unavailable, deleted and forged reports."""
+
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extender.state import ClusterState
+from headroom.reports import CONDITION_NVML_AVAILABLE, Condition, parse_report, report_object
+from tests.extender.conftest import MARGIN, Clock
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
+
+T4_MIB = 16 * 1024
+
+
+def state_with(node: dict[str, Any], *pods: dict[str, Any]) -> tuple[ClusterState, Clock]:
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", node)
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    return state, clock
+
+
+def headroom(state: ClusterState, node: str = "gpu-a") -> int:
+    state.refresh(state.clock())
+    account = state.account(node)
+    assert account is not None
+    return account.shared_headroom
+
+
+def unavailable(node: str, at_age: float = 0.0) -> dict[str, Any]:
+    status = parse_report(gpu_report(node, {}, age=at_age))
+    condition = Condition(type=CONDITION_NVML_AVAILABLE, status="False", reason="DriverGone")
+    return report_object(status.model_copy(update={"gpus": [], "conditions": [condition]}))
+
+
+def test_nvml_unavailable_or_silence_keeps_what_was_observed() -> None:
+    # The issue's figures: a 6Gi pod holding 30Gi plus 4Gi unattributed on a 40 GiB GPU.
+    pod = gpu_pod("leaky", node="gpu-a", declared="6Gi")
+    state, clock = state_with(gpu_node("gpu-a"), pod)
+    state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {uid_of(pod): 30 * GIB}}, unattributed={0: 4 * GIB})
+    )
+    measured = headroom(state)
+    assert measured == 40 * GIB - 34 * GIB - MARGIN  # 5.5 GiB
+    state.on_report("MODIFIED", unavailable("gpu-a"))
+    assert headroom(state) == measured  # was 33.5 GiB in 0.1
+    clock.now += 91  # and 91 s of silence
+    assert headroom(state) == measured
+    state.on_report("DELETED", gpu_report("gpu-a", {}))
+    assert headroom(state) == measured
+
+
+def test_a_forged_total_is_capped_at_the_label() -> None:
+    state, _ = state_with(gpu_node("gpu-a", memory_mib=T4_MIB))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}}, total_mib=1024 * 1024))
+    assert headroom(state) == 16 * GIB - MARGIN  # was 1023.5 GiB in 0.1
+    account = state.account("gpu-a")
+    assert account is not None
+    assert "above nvidia.com/gpu.memory are not trusted" in account.note
+
+
+def test_a_phantom_gpu_cannot_take_pods_off_the_real_one() -> None:
+    pod = gpu_pod("p", node="gpu-a", declared="30Gi")
+    state, _ = state_with(gpu_node("gpu-a"), pod)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 7: {uid_of(pod): GIB}}))
+    assert headroom(state) == 10 * GIB - MARGIN  # charged to GPU 0, the only one
+    account = state.account("gpu-a")
+    assert account is not None
+    assert [gpu.index for gpu in account.gpus] == [0]
+
+
+Report = tuple[str, int, int, int]
+"""(kind, pod usage GiB, unattributed GiB, total GiB) with kind fresh|stale|unavailable|gone."""
+
+reports = st.lists(
+    st.tuples(
+        st.sampled_from(["fresh", "stale", "unavailable", "gone"]),
+        st.integers(0, 40),
+        st.integers(0, 8),
+        st.sampled_from([16, 40, 80, 1024]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(reports, st.integers(1, 20), st.integers(0, 120))
+def test_no_sequence_of_reports_raises_headroom_above_the_last_observation(
+    sequence: list[Report], declared_gib: int, wait: int
+) -> None:
+    """Oracle: label total - margin - max(declared, last good usage) - last good unattributed."""
+    pod = gpu_pod("p", node="gpu-a", declared=f"{declared_gib}Gi")
+    state, clock = state_with(gpu_node("gpu-a"), pod)
+    last_usage, last_unattributed = 0, 0
+    for kind, usage, spare, total in sequence:
+        if kind == "gone":
+            state.on_report("DELETED", gpu_report("gpu-a", {}))
+            continue
+        if kind == "unavailable":
+            state.on_report("MODIFIED", unavailable("gpu-a"))
+            continue
+        age = 0.0 if kind == "fresh" else 200.0
+        report = gpu_report(
+            "gpu-a",
+            {0: {uid_of(pod): usage * GIB}},
+            unattributed={0: spare * GIB},
+            total_mib=total * 1024,
+            at=EPOCH + timedelta(seconds=clock.now - Clock().now),
+            age=age,
+        )
+        state.on_report("MODIFIED", report)
+        if kind == "fresh":
+            last_usage, last_unattributed = usage, spare
+    clock.now += wait
+    oracle = 40 * GIB - MARGIN - max(declared_gib, last_usage) * GIB - last_unattributed * GIB
+    assert headroom(state) <= oracle
