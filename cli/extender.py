@@ -17,6 +17,7 @@ from typing import Any
 
 from cli.options import add_kubeconfig, duration, memory, port
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
+from headroom.names import HEADROOM_SCHEDULER
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,18 @@ def add_parser(subparsers: Any) -> None:
         "(default 90s: three of the agent's default 30s heartbeats)",
     )
     parser.add_argument(
-        "--assume-ttl",
+        "--verify-after",
         type=duration,
-        default=60.0,
+        default=10.0,
         metavar="DURATION",
-        help="how long a bind holds its pod on a node before the pod watch confirms it "
-        "(default 60s)",
+        help="a bound-or-maybe-bound pod the pod watch has not confirmed after this long is "
+        "read from the apiserver, and released only if it is not bound (default 10s; no "
+        "timer alone ever releases one)",
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        default=HEADROOM_SCHEDULER,
+        help=f"bind only pods with this spec.schedulerName (default {HEADROOM_SCHEDULER})",
     )
     parser.add_argument(
         "--advertise-capacity",
@@ -78,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         margin_bytes=args.margin,
         stale_after_seconds=args.report_stale_after,
-        assume_ttl_seconds=args.assume_ttl,
+        verify_after_seconds=args.verify_after,
+        scheduler_name=args.scheduler_name,
         advertise_capacity=args.advertise_capacity,
     )
     try:

@@ -17,6 +17,10 @@ from headroom import names
 from kube.informer import Informer
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+BLIND_LIMIT_SECONDS = 15.0
+"""A watch broken this long without a good re-list: the extender's view may be missing
+binds and deletions, so it goes not-ready and answers filter and bind with an Error
+(issue 7: the apiserver was down 23 s and /readyz said 200 throughout)."""
 
 
 class Caches:
@@ -63,7 +67,11 @@ class Caches:
             informer.stop()
 
     def ready(self) -> bool:
-        return all(informer.synced.is_set() for informer in self.informers)
+        """Every watch has listed, and none has been blind for BLIND_LIMIT_SECONDS."""
+        return all(
+            informer.synced.is_set() and informer.blind_for() < BLIND_LIMIT_SECONDS
+            for informer in self.informers
+        )
 
     def unsynced(self) -> list[str]:
         return [i.name for i in self.informers if not i.synced.is_set()]

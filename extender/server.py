@@ -168,7 +168,11 @@ def state_view(extender: Extender, only: str | None = None) -> dict[str, Any]:
         "ready": extender.ready(),
         "marginBytes": state.margin,
         "staleAfterSeconds": state.stale_after,
-        "assumed": {claim.key: claim.node for claim, _ in state.assumed.values()},
+        "assumed": {
+            claim.key: sorted(holds)
+            for holds in state.assumed.values()
+            for claim, _ in list(holds.values())[:1]
+        },
         "nodes": nodes,
     }
 

@@ -7,9 +7,8 @@ import signal
 from dataclasses import dataclass
 
 from aiohttp import web
-from kubernetes import client
 
-from extender.binding import api_binder
+from extender.binding import CONCURRENCY, ApiCalls, api_binder, api_reader
 from extender.cache import Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
@@ -17,6 +16,7 @@ from extender.server import make_app
 from extender.state import ClusterState
 from extender.verbs import Extender
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
+from headroom.names import HEADROOM_SCHEDULER
 from kube.config import api_client
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class Settings:
     kubeconfig: str | None = None
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
-    assume_ttl_seconds: float = 60.0
+    verify_after_seconds: float = 10.0
+    scheduler_name: str = HEADROOM_SCHEDULER
     advertise_capacity: bool = True
 
 
@@ -46,13 +47,23 @@ async def _collect_after_sync(caches: Caches) -> None:
     await run_collector()
 
 
+async def _verify(extender: Extender, every: float) -> None:
+    """Read pods held by binds the watch has not confirmed, every ``every`` seconds."""
+    while True:
+        await asyncio.sleep(max(every / 2, 0.5))
+        try:
+            await extender.verify_due()
+        except Exception:  # a bug here must not stop the verifier; nothing was released
+            log.exception("verifying assumed pods failed; retrying")
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT. Raises KubeConfigError on bad credentials."""
     api = api_client(settings.kubeconfig)
     state = ClusterState(
         margin=settings.margin_bytes,
         stale_after=settings.stale_after_seconds,
-        assume_ttl=settings.assume_ttl_seconds,
+        verify_after=settings.verify_after_seconds,
     )
     advertiser = (
         CapacityAdvertiser(api_patcher(api), settings.margin_bytes)
@@ -61,11 +72,19 @@ async def serve(settings: Settings) -> None:
     )
     caches = Caches(api, state, advertiser)
     caches.start()
-    extender = Extender(state, api_binder(client.CoreV1Api(api)), ready=caches.ready)
+    calls = ApiCalls(api_client(settings.kubeconfig, pool=CONCURRENCY))
+    extender = Extender(
+        state,
+        api_binder(calls),
+        ready=caches.ready,
+        reader=api_reader(calls),
+        scheduler_name=settings.scheduler_name,
+    )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
     collector = asyncio.create_task(_collect_after_sync(caches))
+    verifier = asyncio.create_task(_verify(extender, settings.verify_after_seconds))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -81,6 +100,8 @@ async def serve(settings: Settings) -> None:
         await stopping.wait()
     finally:
         collector.cancel()
+        verifier.cancel()
         caches.stop()
         await runner.cleanup()
+        calls.close()
         api.close()

@@ -10,9 +10,16 @@ the last one's figures (the agent's heartbeat) keeps the account and only
 moves the time it turns stale.
 
 A bind *assumes* its pod on the node before it calls the apiserver, so that a
-second bind racing it sees the first pod charged. The assumption ends when the
-pod cache shows the pod bound (or gone), when the bind fails, or after
-``assume_ttl`` seconds.
+second bind racing it sees the first pod charged. No timer ends an assumption
+(issue 7: 100 expired together while the pod watch lagged, and the nodes looked
+empty). It ends when the pod cache shows the pod bound (anywhere) or gone, when
+the apiserver definitely refused that binding, or when an authoritative read
+(a GET, :meth:`extender.verbs.Extender.verify_due`, asked for once an
+assumption is ``verify_after`` seconds old and no bind of it is in flight) says
+the pod is unbound, gone, or another pod now. A pod may be held on several
+nodes at once -- kube-scheduler retries a bind that timed out, maybe elsewhere
+-- and is charged on each until one of those says where it is; the apiserver
+lets only one binding land.
 """
 
 import heapq
@@ -46,12 +53,12 @@ class ClusterState:
         *,
         margin: int,
         stale_after: float,
-        assume_ttl: float = 60.0,
+        verify_after: float = 10.0,
         clock: Clock = time.time,
     ) -> None:
         self.margin = margin
         self.stale_after = stale_after
-        self.assume_ttl = assume_ttl
+        self.verify_after = verify_after
         self.clock = clock
         self.nodes: dict[str, NodeGPUs] = {}
         self.reports: dict[str, ReportStatus] = {}
@@ -60,8 +67,8 @@ class ClusterState:
         unavailable or deleted report leaves counting (headroom.accounting)."""
         self.pods: dict[str, PodClaim] = {}
         """Every GPU pod the cache holds, by UID."""
-        self.assumed: dict[str, tuple[PodClaim, float]] = {}
-        """UID -> (claim on its node, deadline) for binds not yet seen in the cache."""
+        self.assumed: dict[str, dict[str, tuple[PodClaim, float]]] = {}
+        """UID -> node -> (claim on that node, since when) for binds not yet seen in the cache."""
         self._on_node: dict[str, dict[str, PodClaim]] = {}
         self._accounts: dict[str, NodeAccount] = {}
         self.shared_headroom: dict[str, int] = {}
@@ -182,26 +189,38 @@ class ClusterState:
                 self.account(name, now)
 
     def refresh(self, now: float) -> None:
-        """Forget accounts whose report turned stale, and assumptions that timed out."""
+        """Forget accounts whose report turned stale (assumptions never expire: :meth:`due`)."""
         heap = self._stale_heap
         while heap and heap[0][0] <= now:
             stale_at, name = heapq.heappop(heap)
             account = self._accounts.get(name)
             if account is not None and account.stale_at == stale_at:
                 self._touch(name)
-        expired = [uid for uid, (_, deadline) in self.assumed.items() if deadline <= now]
-        for uid in expired:
-            claim, _ = self.assumed[uid]
-            log.info("assumption of %s on %s timed out", claim.key, claim.node)
-            self.forget(uid)
+
+    def due(self, now: float) -> list[PodClaim]:
+        """Assumptions old enough to verify with an authoritative read, oldest first."""
+        ready = [
+            (since, claim)
+            for holds in self.assumed.values()
+            for claim, since in holds.values()
+            if since + self.verify_after <= now
+        ]
+        seen: set[str] = set()
+        result = []
+        for _, claim in sorted(ready, key=lambda item: item[0]):
+            if claim.uid not in seen:
+                seen.add(claim.uid)
+                result.append(claim)
+        return result
 
     def claims_on(self, node: str) -> Iterator[PodClaim]:
         """Pods bound to ``node`` by the cache, then pods assumed there."""
         bound = self._on_node.get(node, {})
         yield from bound.values()
-        for uid, (claim, _) in self.assumed.items():
-            if claim.node == node and uid not in bound:
-                yield claim
+        for uid, holds in self.assumed.items():
+            held = holds.get(node)
+            if held is not None and uid not in bound:
+                yield held[0]
 
     # --- binding ------------------------------------------------------------
 
@@ -223,11 +242,13 @@ class ClusterState:
             )
         return claim
 
-    def assume(self, claim: PodClaim, node: str) -> Fit:
+    def assume(self, claim: PodClaim, node: str, *, also: bool = False) -> Fit:
         """Check ``claim`` against everything bound or assumed on ``node``, then hold it there.
 
         Synchronous on purpose: check and record happen with no await between,
-        so concurrent binds to one node are serialised by the event loop.
+        so concurrent binds to one node are serialised by the event loop. A pod
+        already held on another node is refused unless ``also`` (the caller
+        has read that it is not bound): then it is held on both.
         """
         # Authoritative, so never on a cached account whose report has since
         # turned stale: a stale report must not vouch for the room it showed.
@@ -237,25 +258,31 @@ class ClusterState:
             if cached.node == node:
                 return Fit(True)
             return Fit(False, f"pod {claim.key} is already bound to {cached.node}")
-        held = self.assumed.get(claim.uid)
-        if held is not None:
-            if held[0].node == node:
-                return Fit(True)
-            return Fit(False, f"pod {claim.key} is already being bound to {held[0].node}")
+        holds = self.assumed.get(claim.uid, {})
+        if node in holds:
+            return Fit(True)
+        if holds and not also:
+            elsewhere = ", ".join(sorted(holds))
+            return Fit(False, f"pod {claim.key} may already be bound to {elsewhere}")
         account = self.account(node)
         if account is None:
             return Fit(False, f"node {node} is not in the extender's cache")
         verdict = fit(account, claim)
         if verdict.fits:
-            deadline = self.clock() + self.assume_ttl
-            self.assumed[claim.uid] = (replace(claim, node=node), deadline)
+            self.assumed.setdefault(claim.uid, {})[node] = (replace(claim, node=node), self.clock())
             self._touch(node)
         return verdict
 
-    def forget(self, uid: str) -> None:
-        held = self.assumed.pop(uid, None)
-        if held is not None:
-            self._touch(held[0].node)
+    def forget(self, uid: str, node: str | None = None) -> None:
+        """End the pod's assumptions: all of them, or only the one on ``node``."""
+        holds = self.assumed.get(uid)
+        if holds is None:
+            return
+        for where in [node] if node is not None else list(holds):
+            if holds.pop(where, None) is not None:
+                self._touch(where)
+        if not holds:
+            del self.assumed[uid]
 
     # --- internals ----------------------------------------------------------
 

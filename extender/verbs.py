@@ -7,6 +7,7 @@ or being bound, and holds the pod on the node before it awaits the apiserver).
 """
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from extender.wire import (
     json_array,
 )
 from headroom.claims import PodClaim, parse_claim
+from headroom.names import HEADROOM_SCHEDULER
 from headroom.placement import Fit, fit, score
 from headroom.podspec import PodError
 
@@ -29,7 +31,17 @@ log = logging.getLogger(__name__)
 
 Binder = Callable[[str, str, str, str], Awaitable[None]]
 """``(namespace, name, uid, node)``: create the pod's ``pods/binding``; raises BindError."""
+Reader = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+"""``(namespace, name)``: the pod as the apiserver has it now, None if there is none;
+raises ReadError when it cannot tell."""
 
+
+class ReadError(RuntimeError):
+    """The apiserver could not be asked where a pod is; nothing is released."""
+
+
+UNBOUND = "not bound"
+GONE = "gone (deleted or recreated)"
 NOT_READY = "headroom extender: caches not synced yet (nodes, pods, GPUNodeReports); retry"
 
 
@@ -38,14 +50,16 @@ class BindError(RuntimeError):
 
     ``uncertain``: no definite answer came back (a read timeout, a dropped
     connection, a 5xx), so the binding may exist all the same. The pod then
-    stays assumed on the node until the pod watch shows where it went or the
-    assumption times out: releasing it now could let another pod take the
-    memory of a pod that is in fact bound there.
+    stays assumed on the node until the pod watch shows where it went or a
+    read of the pod says it is not bound: releasing it now could let another
+    pod take the memory of a pod that is in fact bound there.
     """
 
-    def __init__(self, message: str, *, uncertain: bool = False) -> None:
+    def __init__(self, message: str, *, uncertain: bool = False, conflict: bool = False) -> None:
         super().__init__(message)
         self.uncertain = uncertain
+        self.conflict = conflict
+        """HTTP 409: the pod is bound already (perhaps by an earlier, timed-out try of ours)."""
 
 
 @dataclass(frozen=True)
@@ -59,13 +73,27 @@ class CandidateError(ValueError):
     pass
 
 
+async def _no_reader(namespace: str, name: str) -> dict[str, Any] | None:
+    raise ReadError("no reader configured")
+
+
 class Extender:
     def __init__(
-        self, state: ClusterState, binder: Binder, ready: Callable[[], bool] = lambda: True
+        self,
+        state: ClusterState,
+        binder: Binder,
+        ready: Callable[[], bool] = lambda: True,
+        *,
+        reader: Reader = _no_reader,
+        scheduler_name: str = HEADROOM_SCHEDULER,
     ) -> None:
         self.state = state
         self.binder = binder
         self.ready = ready
+        self.reader = reader
+        self.scheduler_name = scheduler_name
+        self.in_flight: Counter[str] = Counter()
+        """UID -> binds of it awaiting the apiserver: no read releases such a pod."""
 
     # --- filter -------------------------------------------------------------
 
@@ -137,23 +165,108 @@ class Extender:
             return ExtenderBindingResult(
                 Error=f"uid {uid} belongs to pod {claim.key}, not {key}; not binding"
             )
-        assumed_here = False
-        if claim.wants_gpu:
-            fresh = claim.uid not in self.state.assumed
-            # Check and hold in one step, with no await between: this is the race guard.
-            verdict = self.state.assume(claim, node)
-            if not verdict.fits:
-                log.info("bind of %s to %s refused: %s", key, node, verdict.reason)
-                return ExtenderBindingResult(Error=f"not binding {key} to {node}: {verdict.reason}")
-            assumed_here = fresh and claim.uid in self.state.assumed
+        refusal = self._refusal(claim)
+        if refusal:
+            log.info("bind of %s to %s refused: %s", key, node, refusal)
+            return ExtenderBindingResult(Error=f"not binding {key} to {node}: {refusal}")
+        cached = self.state.pods.get(claim.uid)
+        if cached is not None and cached.node:
+            if cached.node == node:
+                return ExtenderBindingResult()  # a retry of a bind that landed
+            return ExtenderBindingResult(Error=f"pod {key} is already bound to {cached.node}")
+        # Check and hold in one step, with no await between: this is the race guard.
+        verdict = self.state.assume(claim, node)
+        if not verdict.fits and node not in self.state.assumed.get(claim.uid, {node: None}):
+            # Held elsewhere by an earlier bind kube-scheduler gave up on (it timed
+            # out): ask the apiserver where the pod is rather than refuse for long.
+            where = await self._where(claim)
+            if where == node:
+                return ExtenderBindingResult()
+            if where == GONE:
+                return ExtenderBindingResult(Error=f"pod {key} is {GONE}; not binding")
+            if where not in (UNBOUND, None):
+                return ExtenderBindingResult(Error=f"pod {key} is already bound to {where}")
+            if where is None:
+                return ExtenderBindingResult(
+                    Error=f"not binding {key} to {node}: {verdict.reason}, and the pod could "
+                    "not be read to tell; retry"
+                )
+            verdict = self.state.assume(claim, node, also=True)
+        if not verdict.fits:
+            log.info("bind of %s to %s refused: %s", key, node, verdict.reason)
+            return ExtenderBindingResult(Error=f"not binding {key} to {node}: {verdict.reason}")
+        self.in_flight[claim.uid] += 1
         try:
             await self.binder(namespace, name, uid, node)
         except BindError as err:
-            if assumed_here and not err.uncertain:
-                self.state.forget(claim.uid)
+            if err.conflict and await self._where(claim) == node:
+                return ExtenderBindingResult()  # an earlier, timed-out try of ours landed
+            if not err.uncertain:
+                self.state.forget(claim.uid, node)
             return ExtenderBindingResult(Error=f"binding {key} to {node} failed: {err}")
+        finally:
+            self.in_flight[claim.uid] -= 1
+            if not self.in_flight[claim.uid]:
+                del self.in_flight[claim.uid]
+        # Stored: the pod's nodeName is set, so no earlier try elsewhere can land any more.
+        for other in list(self.state.assumed.get(claim.uid, {})):
+            if other != node:
+                self.state.forget(claim.uid, other)
         log.info("bound %s to %s", key, node)
         return ExtenderBindingResult()
+
+    def _refusal(self, claim: PodClaim) -> str:
+        """Why this extender must not bind the pod at all ("" when it may)."""
+        if not claim.wants_gpu:
+            return "the headroom extender binds only pods asking for a shared GPU or MIG slice"
+        if claim.scheduler != self.scheduler_name:
+            return (
+                f"spec.schedulerName is {claim.scheduler}, not {self.scheduler_name}, "
+                "whose extender this is"
+            )
+        return ""
+
+    # --- verification -------------------------------------------------------
+
+    async def verify_due(self) -> int:
+        """Read the pods whose assumptions are old enough; release those not bound. Count released.
+
+        The only way, besides the pod watch and a definite refusal, that an
+        assumption ends: a pod read as unbound, gone, or recreated (another
+        UID) while no bind of it is in flight. A failed read releases nothing.
+        """
+        released = 0
+        for claim in self.state.due(self.state.clock()):
+            if claim.uid in self.in_flight or claim.uid not in self.state.assumed:
+                continue
+            where = await self._where(claim)
+            if where == UNBOUND and claim.uid not in self.in_flight:
+                log.info("%s is not bound (read from the apiserver): released", claim.key)
+                self.state.forget(claim.uid)
+                released += 1
+            elif where == GONE:
+                released += 1
+        return released
+
+    async def _where(self, claim: PodClaim) -> str | None:
+        """Where the apiserver says the pod is: a node, UNBOUND, GONE; None if it cannot say.
+
+        What it reads goes into the state too, as the watch would bring it.
+        """
+        try:
+            pod = await self.reader(claim.namespace, claim.name)
+        except ReadError as err:
+            log.warning("cannot read pod %s: %s", claim.key, err)
+            return None
+        uid = ((pod or {}).get("metadata") or {}).get("uid")
+        if pod is None or (claim.uid and uid != claim.uid):
+            self.state.forget(claim.uid)
+            return GONE
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            self.state.on_pod("MODIFIED", pod)
+            return str(node)
+        return UNBOUND
 
 
 def _claim(args: ExtenderArgs) -> PodClaim:

@@ -55,6 +55,8 @@ class PodClaim:
     declared: int | None = None
     """Effective bytes of ``headroom.dev/gpu-memory``; None when the pod declares nothing."""
     placement: Placement = DEFAULT_PLACEMENT
+    scheduler: str = names.DEFAULT_SCHEDULER
+    """``spec.schedulerName`` (the apiserver defaults it to ``default-scheduler``)."""
     terminated: bool = False
     problem: str = ""
 
@@ -92,6 +94,9 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
     node = spec.get("nodeName") or ""
     if not isinstance(node, str):
         raise PodError("spec.nodeName: expected a string")
+    scheduler = spec.get("schedulerName") or names.DEFAULT_SCHEDULER
+    if not isinstance(scheduler, str):
+        raise PodError("spec.schedulerName: expected a string")
 
     app: dict[str, int] = {}
     init: dict[str, int] = {}
@@ -135,6 +140,7 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
         mig=mig,
         declared=declared,
         placement=placement,
+        scheduler=scheduler,
         terminated=status.get("phase") in TERMINATED_PHASES,
         problem=problem,
     )

@@ -9,9 +9,15 @@ class KubeConfigError(RuntimeError):
     """No usable credentials; the message says where Headroom looked."""
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An ApiClient from ``kubeconfig``, the in-cluster service account, or $KUBECONFIG."""
+def api_client(kubeconfig: str | None = None, *, pool: int | None = None) -> client.ApiClient:
+    """An ApiClient from ``kubeconfig``, the in-cluster service account, or $KUBECONFIG.
+
+    ``pool``: connections kept to the apiserver (the client's default is 5 per
+    CPU); a caller that sends many requests at once sizes it to match.
+    """
     configuration = client.Configuration()
+    if pool is not None:
+        configuration.connection_pool_maxsize = pool
     try:
         if kubeconfig:
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)

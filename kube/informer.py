@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ Handler = Callable[[str, Object], None]
 
 WATCH_WINDOW_SECONDS = 240
 BACKOFF_MAX_SECONDS = 30.0
+LIST_TIMEOUT_SECONDS = 60.0
+"""A list that takes longer is abandoned and retried: a hung list must not blind the cache."""
 
 
 def object_key(obj: Object) -> str:
@@ -62,6 +65,9 @@ class Informer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.relists = 0
+        self.failing_since: float | None = None
+        """Monotonic time of the first failure since the last good list: the cache is
+        blind from then on (events may be missed) until a list succeeds."""
         self.windows = 0
         """Watch windows the server closed and that were resumed without a re-list."""
 
@@ -74,6 +80,13 @@ class Informer:
     def stop(self) -> None:
         self._stopping.set()
 
+    def blind_for(self, now: float | None = None) -> float:
+        """Seconds since the watch broke without a good list since (0 while watching)."""
+        since = self.failing_since
+        if since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - since
+
     # --- the watch thread -------------------------------------------------
 
     def _run(self) -> None:
@@ -82,10 +95,13 @@ class Informer:
             try:
                 version = self._relist()
                 failures = 0
+                self.failing_since = None
                 self._watch(version)
             except Exception as err:  # any failure means: back off, then re-list
                 if self._stopping.is_set():
                     return
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 failures += 1
                 delay = min(BACKOFF_MAX_SECONDS, 0.5 * 2 ** min(failures, 6))
                 delay *= random.uniform(0.8, 1.2)
@@ -100,7 +116,9 @@ class Informer:
                 self._stopping.wait(delay)
 
     def _relist(self) -> str:
-        response = self._list(_preload_content=False, **self._list_kwargs)
+        response = self._list(
+            _preload_content=False, _request_timeout=LIST_TIMEOUT_SECONDS, **self._list_kwargs
+        )
         body = json.loads(response.data)
         objects = {object_key(o): o for o in body.get("items") or []}
         self._post(self._replace, objects)
@@ -153,7 +171,7 @@ class Informer:
             if self._handler:
                 self._handler("DELETED", old)
         for key, obj in objects.items():
-            kind = "MODIFIED" if key in self.items else "ADDED"
+            kind = self._replaced(key, obj)
             self.items[key] = obj
             if self._handler:
                 self._handler(kind, obj)
@@ -166,9 +184,31 @@ class Informer:
         if kind == "DELETED":
             self.items.pop(key, None)
         else:
+            kind = "ADDED" if self._replaced(key, obj) == "ADDED" else kind
             self.items[key] = obj
         if self._handler:
             self._handler(kind, obj)
+
+    def _replaced(self, key: str, obj: Object) -> str:
+        """``MODIFIED`` for the same object, else ``ADDED`` -- after a ``DELETED`` for the
+        object that had this name before, when the name now belongs to another UID.
+
+        A pod recreated under the same name (a StatefulSet's) is another pod: a
+        re-list that sees only the new one must not leave the old one's charge.
+        """
+        old = self.items.get(key)
+        if old is None:
+            return "ADDED"
+        if _uid(old) != _uid(obj):
+            self.items.pop(key)
+            if self._handler:
+                self._handler("DELETED", old)
+            return "ADDED"
+        return "MODIFIED"
+
+
+def _uid(obj: Object) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def _describe(err: Exception) -> str:

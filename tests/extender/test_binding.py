@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes import client
 
-from extender.binding import REQUEST_TIMEOUT_SECONDS, api_binder
+from extender.binding import REQUEST_TIMEOUT_SECONDS, ApiCalls, api_binder
 from extender.verbs import BindError
 
 Seen = list[tuple[str, dict[str, Any]]]
@@ -77,7 +77,7 @@ def core_api(host: str) -> client.CoreV1Api:
 
 async def test_binding_is_created_with_the_node_as_target(apiserver: tuple[str, Seen]) -> None:
     host, seen = apiserver
-    bind = api_binder(core_api(host))
+    bind = api_binder(ApiCalls(core_api(host).api_client))
     await bind("research", "p", "uid-1", "gpu-b")
     ((path, body),) = seen
     assert path == "/api/v1/namespaces/research/bindings"
@@ -89,16 +89,19 @@ async def test_conflict_becomes_a_bind_error_with_the_apiserver_message(
     apiserver: tuple[str, Seen],
 ) -> None:
     host, _ = apiserver
-    bind = api_binder(core_api(host))
+    bind = api_binder(ApiCalls(core_api(host).api_client))
     with pytest.raises(BindError, match=r'^HTTP 409: .*already assigned to node "gpu-a"') as err:
         await bind("research", "p", "uid-1", "taken")
     assert not err.value.uncertain  # a definite refusal: the pod may be released
+    assert err.value.conflict  # bound already: the extender reads where, in case it was us
 
 
 async def test_server_error_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen]) -> None:
     host, _ = apiserver
     with pytest.raises(BindError, match=r"^HTTP 500: etcdserver") as err:
-        await api_binder(core_api(host))("research", "p", "uid-1", "overloaded")
+        await api_binder(ApiCalls(core_api(host).api_client))(
+            "research", "p", "uid-1", "overloaded"
+        )
     assert err.value.uncertain
 
 
@@ -107,7 +110,7 @@ async def test_timeout_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen])
     api = core_api(host)
     api.api_client.configuration.retries = 0
     with pytest.raises(BindError, match="unreachable") as err:
-        await api_binder(api, timeout=0.2)("research", "p", "uid-1", "slow")
+        await api_binder(ApiCalls(api.api_client, timeout=0.2))("research", "p", "uid-1", "slow")
     assert seen  # the apiserver got the binding; only its answer was lost
     assert err.value.uncertain
 
@@ -126,5 +129,5 @@ async def test_unreachable_apiserver_is_a_bind_error() -> None:
     api = core_api("http://127.0.0.1:9")  # discard port: connection refused
     api.api_client.configuration.retries = 0
     with pytest.raises(BindError) as err:
-        await api_binder(api)("research", "p", "", "gpu-b")
+        await api_binder(ApiCalls(api.api_client))("research", "p", "", "gpu-b")
     assert not err.value.uncertain  # never connected: nothing can have been bound
