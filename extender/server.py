@@ -57,6 +57,13 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0),
             registry=self.registry,
         )
+        watch_lag = Histogram(
+            "headroom_extender_watch_lag_seconds",
+            "Time from a successful bind to the pod watch showing the pod bound",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=self.registry,
+        )
+        extender.state.observe_watch_lag = watch_lag.observe
         assumed = Gauge(
             "headroom_extender_assumed_pods",
             "Pods held on a node by a bind not yet seen in the pod cache",

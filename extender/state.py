@@ -81,6 +81,10 @@ class ClusterState:
         """Nodes whose account an event invalidated since the last :meth:`prepare`."""
         self._stale_heap: list[tuple[float, str]] = []
         self._pending: OrderedDict[str, PodClaim] = OrderedDict()
+        self.bound_at: dict[str, float] = {}
+        """UID -> when our bind of it succeeded, until the pod watch shows it bound."""
+        self.observe_watch_lag: Callable[[float], None] = lambda seconds: None
+        """Told, per pod, how long the watch took to show a bind we made (a metric)."""
 
     # --- informer events ----------------------------------------------------
 
@@ -135,6 +139,9 @@ class ClusterState:
             self._on_node.setdefault(claim.node, {})[claim.uid] = claim
             self._touch(claim.node)
             # Seen bound: the cache charges it now, the assumption has done its job.
+            bound_at = self.bound_at.pop(claim.uid, None)
+            if bound_at is not None:
+                self.observe_watch_lag(self.clock() - bound_at)
             self._pending.pop(claim.uid, None)
             self.forget(claim.uid)
 
@@ -298,6 +305,7 @@ class ClusterState:
                 self._on_node.pop(old.node, None)
             self._touch(old.node)
         if not keep_pending:
+            self.bound_at.pop(uid, None)
             self._pending.pop(uid, None)
             self.forget(uid)
 

@@ -212,6 +212,9 @@ class Extender:
         for other in list(self.state.assumed.get(claim.uid, {})):
             if other != node:
                 self.state.forget(claim.uid, other)
+        seen = self.state.pods.get(claim.uid)
+        if seen is not None and not seen.node:  # the watch has not shown it yet: time it
+            self.state.bound_at[claim.uid] = self.state.clock()
         log.info("bound %s to %s", key, node)
         return ExtenderBindingResult()
 
