@@ -280,6 +280,22 @@ class ClusterState:
             self._touch(node)
         return verdict
 
+    def hold(self, claim: PodClaim, node: str) -> None:
+        """Charge the pod on ``node`` only, where a read found it bound, until the watch says.
+
+        Not when the cache already shows it bound: the cache charges it then.
+        """
+        cached = self.pods.get(claim.uid)
+        if cached is not None and cached.node:
+            self.forget(claim.uid)
+            return
+        for where in list(self.assumed.get(claim.uid, {})):
+            if where != node:
+                self.forget(claim.uid, where)
+        if node not in self.assumed.get(claim.uid, {}):
+            self.assumed.setdefault(claim.uid, {})[node] = (replace(claim, node=node), self.clock())
+            self._touch(node)
+
     def forget(self, uid: str, node: str | None = None) -> None:
         """End the pod's assumptions: all of them, or only the one on ``node``."""
         holds = self.assumed.get(uid)

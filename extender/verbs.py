@@ -252,10 +252,7 @@ class Extender:
         return released
 
     async def _where(self, claim: PodClaim) -> str | None:
-        """Where the apiserver says the pod is: a node, UNBOUND, GONE; None if it cannot say.
-
-        What it reads goes into the state too, as the watch would bring it.
-        """
+        """Where the apiserver says the pod is: a node, UNBOUND, GONE; None if it cannot say."""
         try:
             pod = await self.reader(claim.namespace, claim.name)
         except ReadError as err:
@@ -267,7 +264,10 @@ class Extender:
             return GONE
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
-            self.state.on_pod("MODIFIED", pod)
+            # Charged there until the watch confirms it (or shows it deleted). A read is
+            # never fed to the pod cache: it may be older than a deletion the watch has
+            # already delivered, and would bring the pod back for good.
+            self.state.hold(claim, str(node))
             return str(node)
         return UNBOUND
 

@@ -49,8 +49,12 @@ async def test_a_retry_after_a_timeout_that_landed_converges(harness: Harness) -
     # Elsewhere: told where it is, not "already being bound" for a minute.
     again = await harness.extender.bind(args(pod, "gpu-b"))
     assert again.Error == "pod research/p is already bound to gpu-a"
-    assert harness.state.assumed == {}
+    # Charged on gpu-a only, where the read found it, until the watch confirms it.
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
     assert [c.uid for c in harness.state.claims_on("gpu-a")] == [uid_of(pod)]
+    assert list(harness.state.claims_on("gpu-b")) == []
+    harness.state.on_pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": "gpu-a"}})
+    assert harness.state.assumed == {}
 
 
 async def test_a_retry_elsewhere_after_a_lost_bind_charges_both_until_one_lands(
@@ -89,8 +93,24 @@ async def test_a_read_that_finds_the_pod_bound_charges_it_there(harness: Harness
     await harness.extender.bind(args(pod, "gpu-a"))
     harness.clock.now += 11
     assert await harness.extender.verify_due() == 0
-    assert harness.state.assumed == {}
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
     assert [c.uid for c in harness.state.claims_on("gpu-a")] == [uid_of(pod)]
+
+
+async def test_a_stale_read_never_brings_a_deleted_pod_back(harness: Harness) -> None:
+    pod = gpu_pod("p", declared="10Gi")
+    setup(harness, pod)
+    harness.binder.bound[("research", "p")] = "gpu-a"  # the read will say: bound to gpu-a
+    harness.state.on_pod("DELETED", pod)  # ... but the watch has already seen it go
+    harness.state.remember(parse_claim(pod))
+    result = await harness.extender.bind(args(pod, "gpu-a"))  # 409, then the read
+    assert result.Error == ""
+    assert uid_of(pod) not in harness.state.pods
+    harness.reader.pods.clear()  # the apiserver has no such pod any more
+    harness.clock.now += 11
+    await harness.extender.verify_due()
+    assert harness.state.assumed == {}
+    assert list(harness.state.claims_on("gpu-a")) == []
 
 
 async def test_a_recreated_pod_releases_the_old_uid(harness: Harness) -> None:
