@@ -179,6 +179,21 @@ class ClusterState:
             heapq.heappush(self._stale_heap, (account.stale_at, name))
         return account
 
+    def account_without(self, name: str, uid: str) -> NodeAccount | None:
+        """The node's account as if pod ``uid`` were not on it (not cached)."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        return account_node(
+            node,
+            (c for c in self.claims_on(name) if c.uid != uid),
+            self.reports.get(name),
+            now=self.clock(),
+            margin=self.margin,
+            stale_after=self.stale_after,
+            last_good=self.last_good.get(name),
+        )
+
     def accounts(self) -> Mapping[str, NodeAccount]:
         """Cached accounts; call :meth:`refresh` first. Missing ones come from :meth:`account`."""
         return self._accounts

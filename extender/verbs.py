@@ -120,16 +120,34 @@ class Extender:
             passed, failed = state.verdicts.filter(
                 candidates.names, claim, state.shared_headroom, accounts
             )
-            return _result(args, candidates, passed, failed, {})
-        passed, failed = [], {}
-        for name in candidates.names:
-            account = accounts.get(name)
-            verdict = Fit(False, UNKNOWN_NODE) if account is None else fit(account, claim)
-            if verdict.fits:
-                passed.append(name)
-            else:
-                failed[name] = verdict.reason
+        else:
+            passed, failed = [], {}
+            for name in candidates.names:
+                account = accounts.get(name)
+                verdict = Fit(False, UNKNOWN_NODE) if account is None else fit(account, claim)
+                if verdict.fits:
+                    passed.append(name)
+                else:
+                    failed[name] = verdict.reason
+        if claim.uid in self.state.assumed:
+            # Copies: the verdict cache may hand out its own lists.
+            passed, failed = list(passed), dict(failed)
+            self._own_holds(claim, passed, failed)
         return _result(args, candidates, passed, failed, {})
+
+    def _own_holds(self, claim: PodClaim, passed: list[str], failed: dict[str, str]) -> None:
+        """A node refused only because of this very pod's own unconfirmed bind passes.
+
+        kube-scheduler retries a pod whose bind timed out; the extender still
+        charges it where that bind may have landed, and must not hold that
+        against the pod itself, or it waits for an unrelated event to be retried.
+        """
+        for name in self.state.assumed.get(claim.uid, {}):
+            if name in failed:
+                account = self.state.account_without(name, claim.uid)
+                if account is not None and fit(account, claim).fits:
+                    del failed[name]
+                    passed.append(name)
 
     # --- prioritize ---------------------------------------------------------
 

@@ -14,6 +14,7 @@ Headroom's own state. ``HEADROOM_STORM_NODES`` / ``HEADROOM_STORM_PODS`` size it
 import os
 import signal
 import time
+import urllib.request
 
 from devcluster import nodes
 from devcluster.cluster import Cluster
@@ -100,3 +101,25 @@ def _storm(cluster: Cluster, namespace: NamespaceFactory, node_names: list[str])
     )
     no_over_commit()
     assert bound() == fits
+    figures = storm_figures(cluster.ports["extender"])
+    print(f"storm {NODES} nodes x {PODS} pods: {figures}")  # pytest -s shows the figures
+    assert figures["watch_lag_count"] > 0, figures
+
+
+def storm_figures(port: int) -> dict[str, float]:
+    """Bind latency and watch lag from the extender's own /metrics (sums and counts)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        for metric, key in (
+            ('headroom_extender_request_seconds_sum{verb="bind"}', "bind_seconds_sum"),
+            ('headroom_extender_request_seconds_count{verb="bind"}', "bind_count"),
+            ("headroom_extender_watch_lag_seconds_sum", "watch_lag_sum"),
+            ("headroom_extender_watch_lag_seconds_count", "watch_lag_count"),
+            ('headroom_extender_watch_lag_seconds_bucket{le="1.0"}', "watch_lag_le_1s"),
+            ('headroom_extender_watch_lag_seconds_bucket{le="5.0"}', "watch_lag_le_5s"),
+        ):
+            if line.startswith(metric + " "):
+                figures[key] = float(line.split()[-1])
+    return figures

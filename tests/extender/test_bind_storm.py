@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from extender.state import ClusterState
 from extender.verbs import Extender
-from extender.wire import ExtenderBindingArgs
+from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from headroom.claims import parse_claim
 from tests.extender.conftest import MARGIN, Clock, Harness, PodReader, RecordingBinder
 from tests.extender.objects import GIB, gpu_node, gpu_pod, uid_of
@@ -70,6 +70,18 @@ async def test_a_retry_elsewhere_after_a_lost_bind_charges_both_until_one_lands(
     # Landed on gpu-b: the earlier try can no longer land, so gpu-a is released.
     assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-b"}
     assert harness.binder.bound == {("research", "p"): "gpu-b"}
+
+
+async def test_a_pod_is_not_refused_for_its_own_unconfirmed_bind(harness: Harness) -> None:
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)
+    harness.binder.fail_with, harness.binder.uncertain = TIMEOUT, True
+    await harness.extender.bind(args(pod, "gpu-a"))
+    other = gpu_pod("q", declared="30Gi")
+    harness.state.on_pod("ADDED", other)
+    filter_args = ExtenderArgs(Pod=pod, NodeNames=["gpu-a"])
+    assert harness.extender.filter(filter_args).NodeNames == ["gpu-a"]  # its own hold
+    assert harness.extender.filter(ExtenderArgs(Pod=other, NodeNames=["gpu-a"])).NodeNames == []
 
 
 async def test_only_a_read_releases_a_lost_bind_never_the_clock(harness: Harness) -> None:
