@@ -68,6 +68,15 @@ def _storm(cluster: Cluster, namespace: NamespaceFactory, node_names: list[str])
     cluster.apply(
         [gpu_deployment(ns, "storm", replicas=PODS, memory="8Gi", node_selector={"storm": "true"})]
     )
+    try:
+        _freeze_and_check(cluster, ns, node_names, fits)
+    finally:  # hundreds of pods outlast the namespace fixture's 60 s waiting deletes
+        cluster.kubectl("delete", "deployment", "storm", "-n", ns, "--wait=false")
+        cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
+        eventually("the storm's pods gone", lambda: not pods(cluster, ns), timeout=300)
+
+
+def _freeze_and_check(cluster: Cluster, ns: str, node_names: list[str], fits: int) -> None:
     extender = cluster.components["extender"]
     assert extender.pid is not None
 
