@@ -14,7 +14,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from cli.options import add_kubeconfig, duration, memory
-from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS, NodeAccount
+from headroom.accounting import (
+    DEFAULT_MARGIN_BYTES,
+    DEFAULT_STALE_AFTER_SECONDS,
+    NodeAccount,
+    PodCharge,
+)
 from headroom.quantity import human_bytes
 
 log = logging.getLogger(__name__)
@@ -111,7 +116,7 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
         if account.note:
             notes.append(f"{account.node}: {account.note}")
         for gpu in account.gpus:
-            pods = pods_cell(sorted(p.key.split("/", 1)[-1] for p in gpu.pods))
+            pods = pods_cell(sorted(pod_label(p) for p in gpu.pods))
             rows.append(
                 (
                     account.node,
@@ -151,6 +156,16 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
     if notes:
         lines += ["", *notes]
     return "\n".join(lines)
+
+
+def pod_label(pod: PodCharge) -> str:
+    """The pod's name; ``(legacy)`` after a known pod that declares no memory resource.
+
+    On a shared GPU such a pod was admitted by Headroom 0.1 and is charged the
+    whole GPU until it is recreated (README, "Declared memory is a resource").
+    """
+    name = pod.key.split("/", 1)[-1]
+    return f"{name} (legacy)" if pod.known and pod.declared is None else name
 
 
 def pods_cell(names: list[str]) -> str:

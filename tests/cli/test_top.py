@@ -50,3 +50,17 @@ def test_many_pods_are_counted_not_listed_past_the_width() -> None:
     assert len(cell) < PODS_WIDTH + 20
     assert pods_cell(["a", "b"]) == "2: a, b"
     assert pods_cell([]) == "-"
+
+
+def test_a_legacy_pod_is_named_as_such() -> None:
+    # A 0.1 pod (gpu.shared, no headroom.dev/gpu-memory) is charged the whole GPU;
+    # the table says why, so an operator knows to recreate it.
+    state = ClusterState(margin=GIB // 2, stale_after=90.0, clock=EPOCH.timestamp)
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    state.on_pod("ADDED", gpu_pod("old", node="gpu-a", declared=None))
+    state.on_pod("ADDED", gpu_pod("new", node="gpu-a", declared="4Gi"))
+    account = state.account("gpu-a")
+    assert account is not None
+    row = render([account]).splitlines()[1]
+    assert "old (legacy)" in row, row
+    assert "new (legacy)" not in row, row
