@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from headroom.accounting import NodeAccount
 from headroom.claims import Placement, PodClaim
-from headroom.names import GPU_SHARED, mig_resource
+from headroom.names import GPU_MEMORY, GPU_SHARED, mig_resource
 
 MAX_SCORE = 10
 
@@ -28,6 +28,10 @@ class Fit:
 
 
 FITS = Fit(True)
+LEGACY = (
+    f"legacy pod: asks {GPU_SHARED} but declares no {GPU_MEMORY} resource "
+    "(admitted by Headroom 0.1); recreate it through the webhook, e.g. kubectl rollout restart"
+)
 
 
 def fit(account: NodeAccount, claim: PodClaim) -> Fit:
@@ -54,15 +58,17 @@ def _fit_shared(account: NodeAccount, claim: PodClaim) -> Fit:
     if account.tightest is None:
         why = account.note or "no GPUs known"
         return Fit(False, _with_note(f"node has no GPU for {GPU_SHARED}", why))
+    if claim.legacy:
+        # Admitted by Headroom 0.1 (annotation only): nothing immutable says how
+        # much it uses, and once bound it is charged the whole GPU; refuse it
+        # with the fix rather than place it on a guess.
+        return Fit(False, LEGACY)
     if claim.need <= account.shared_headroom:
         return FITS
-    if claim.declared is None:
-        text = f"{account.tightest_label}: {account.shared_headroom_text} headroom (over-committed)"
-    else:
-        text = (
-            f"{account.tightest_label}: {account.shared_headroom_text} headroom < "
-            f"{claim.need_text} declared"
-        )
+    text = (
+        f"{account.tightest_label}: {account.shared_headroom_text} headroom < "
+        f"{claim.need_text} declared"
+    )
     return Fit(False, _with_note(text, account.note))
 
 

@@ -56,11 +56,21 @@ def test_exact_fit_passes_one_byte_more_does_not() -> None:
     assert not fit(account, replace(claim(0), declared=room + 1)).fits
 
 
-def test_overcommitted_node_refuses_even_an_undeclared_pod() -> None:
+def test_overcommitted_node_refuses_even_an_empty_declaration() -> None:
     account = accounted(node("a", memory_gib=16), used("big", 20))
-    verdict = fit(account, claim(None))
+    verdict = fit(account, claim(0))
     assert not verdict.fits
-    assert "-4.5 GiB headroom (over-committed)" in verdict.reason
+    assert "-4.5 GiB headroom < 0 B declared" in verdict.reason
+
+
+def test_a_legacy_pod_is_refused_with_the_fix() -> None:
+    # Shared, no headroom.dev/gpu-memory: admitted by 0.1. Even an empty GPU
+    # refuses it, saying why and how to recreate it.
+    verdict = fit(accounted(node("a")), claim(None))
+    assert not verdict.fits
+    assert "legacy pod" in verdict.reason
+    assert "headroom.dev/gpu-memory" in verdict.reason
+    assert "rollout restart" in verdict.reason
 
 
 def test_node_without_gpu_memory_label() -> None:
