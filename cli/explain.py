@@ -76,8 +76,9 @@ def add_parser(subparsers: Any) -> None:
         action="extend",
         default=[],
         metavar="K=V",
-        help="the namespace's labels (default: headroom.dev/policy=<the policy> "
-        "when exactly one policy is given)",
+        help="the namespace's labels; without this flag and with exactly one --policy, "
+        "headroom.dev/policy=<that policy>; labels given without headroom.dev/policy "
+        "explain an unlabelled namespace (the webhook leaves its pods alone)",
     )
     parser.add_argument(
         "--policy",
@@ -219,7 +220,10 @@ def _labels(pairs: list[str], policies: Mapping[str, GPUSharingPolicy]) -> dict[
         if not sep or not key:
             raise InputError(f"--namespace-labels: {pair!r} is not KEY=VALUE")
         labels[key] = value
-    if names.LABEL_POLICY not in labels and len(policies) == 1:
+    # Only a bare command line means "the namespace of this one policy"; labels
+    # given without the policy label describe an unlabelled namespace, which
+    # the webhook leaves alone.
+    if not labels and len(policies) == 1:
         labels[names.LABEL_POLICY] = next(iter(policies))
     return labels
 

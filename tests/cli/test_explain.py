@@ -99,6 +99,26 @@ def test_without_a_policy_label_and_several_policies_nothing_happens(
     assert "namespace has no headroom.dev/policy label" in out
 
 
+def test_namespace_labels_without_a_policy_label_explain_an_unlabelled_namespace(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Labels given but none of them headroom.dev/policy: the webhook would
+    # leave the pod alone, so explain must not slip the one policy in.
+    pod = str(PODS / "cuda-vectoradd.yaml")
+    code, out, _ = explain(capsys, "-f", pod, "--namespace-labels", "team=a", "--policy", SHARED)
+    assert code == 0
+    assert "No patch" in out
+    assert "namespace has no headroom.dev/policy label" in out
+
+
+def test_without_namespace_labels_one_policy_is_the_namespace_s(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = explain(capsys, "-f", str(PODS / "cuda-vectoradd.yaml"), "--policy", SHARED)
+    assert code == 0
+    assert "nvidia.com/gpu.shared" in out
+
+
 def test_nodes_file_gives_the_mig_offer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(
