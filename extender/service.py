@@ -12,6 +12,7 @@ from extender.binding import CONCURRENCY, ApiCalls, api_binder, api_reader
 from extender.cache import Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
+from extender.requeue import RoomNotifier, api_stamper
 from extender.server import make_app
 from extender.state import ClusterState
 from extender.verbs import Extender
@@ -70,6 +71,7 @@ async def serve(settings: Settings) -> None:
         if settings.advertise_capacity
         else None
     )
+    state.on_room = RoomNotifier(api_stamper(api)).room
     caches = Caches(api, state, advertiser)
     caches.start()
     calls = ApiCalls(api_client(settings.kubeconfig, pool=CONCURRENCY))

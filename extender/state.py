@@ -84,6 +84,9 @@ class ClusterState:
         self.bound_at: dict[str, float] = {}
         """UID -> when our bind of it succeeded, until the pod watch shows it bound."""
         self.observe_watch_lag: Callable[[float], None] = lambda seconds: None
+        self.on_room: Callable[[str], None] = lambda node: None
+        """Told the node when GPU memory may have freed up there: a pod gone, a charge
+        released (extender.requeue tells kube-scheduler to retry its waiting pods)."""
         """Told, per pod, how long the watch took to show a bind we made (a metric)."""
 
     # --- informer events ----------------------------------------------------
@@ -316,9 +319,12 @@ class ClusterState:
         holds = self.assumed.get(uid)
         if holds is None:
             return
+        cached = self.pods.get(uid)
         for where in [node] if node is not None else list(holds):
             if holds.pop(where, None) is not None:
                 self._touch(where)
+                if cached is None or cached.node != where:
+                    self.on_room(where)
         if not holds:
             del self.assumed[uid]
 
@@ -330,6 +336,8 @@ class ClusterState:
     def _drop(self, uid: str, *, keep_pending: bool = False) -> None:
         old = self.pods.pop(uid, None)
         if old is not None and old.node:
+            if not keep_pending:
+                self.on_room(old.node)
             on_node = self._on_node.get(old.node, {})
             on_node.pop(uid, None)
             if not on_node:

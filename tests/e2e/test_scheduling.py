@@ -6,6 +6,7 @@ plugin offers 4 time-slicing replicas, and the T4 (15360Mi) takes 1: 7 in all.
 """
 
 import datetime
+import urllib.request
 from typing import Any
 
 import pytest
@@ -70,7 +71,9 @@ def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
     ns = namespace("gpu-shared")
     cluster.apply([gpu_deployment(ns, "restart", replicas=40, memory="10Gi")])
     eventually(
-        "the first pod bound", lambda: any(p["spec"].get("nodeName") for p in pods(cluster, ns))
+        "the first pod bound",
+        lambda: any(p["spec"].get("nodeName") for p in pods(cluster, ns)),
+        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
     )
 
     cluster.restart("extender")
@@ -97,6 +100,13 @@ def _make_stale(report: dict[str, Any], *, total_bytes: int) -> dict[str, Any]:
     return report
 
 
+def extender_state(cluster: Cluster) -> str:
+    """The extender's /state (its accounting), for failure messages."""
+    url = f"http://127.0.0.1:{cluster.ports['extender']}/state"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())[:8000]
+
+
 def memory_refusal(reason: str, extender_words: str) -> bool:
     """A FailedScheduling message refusing for GPU memory, at node level or per GPU."""
     return f"Insufficient {names.GPU_MEMORY}" in reason or (
@@ -109,6 +119,14 @@ def test_stale_report_makes_placement_conservative(
 ) -> None:
     node = "a100-shared-0"
     agent = f"agent-{node}"
+
+    def idle() -> bool:
+        status = cluster.kubectl_json("get", "gpunodereport", node)["status"]
+        return not any(gpu["pods"] for gpu in status["gpus"])
+
+    # What a stale report saw keeps counting, earlier tests' pods included: start from
+    # a report that shows none, as the agent writes once they are gone.
+    eventually("the agent to report no pods", idle, timeout=60)
     cluster.stop(agent)  # nobody refreshes the report now
     try:
         report = cluster.kubectl_json("get", "gpunodereport", node)

@@ -1,0 +1,85 @@
+"""Tell kube-scheduler when GPU memory frees up, so waiting pods move within seconds.
+
+kube-scheduler 1.34 parks a pod it could not schedule in its unschedulable
+pool until a cluster event that one of the plugins which rejected it cares
+about. A pod the extender rejected carries the pseudo-plugin ``Extender``,
+whose default enqueue extension accepts *every* event
+(pkg/scheduler/schedule_one.go, framework/runtime/framework.go; kubernetes
+issue 122019) -- but nothing happens in a quiet cluster when room appears in
+the extender's own view: its watch may deliver a deletion after kube-scheduler
+already retried the pod, a charge held for an unconfirmed bind is released by
+a read, a report shows usage fall. Without an event the pod waits for the
+5-minute flush.
+
+So when room may have appeared on a node, this stamps the node's annotation
+``headroom.dev/room-at`` (coalesced: at most one patch per node per
+``PATCH_EVERY_SECONDS``). A Node annotation change is an ``UpdateNodeAnnotation``
+cluster event (framework/events.go), which moves those pods back to the active
+queue. The ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation``
+lets the scheduler's ServiceAccount change that annotation and nothing else.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_ROOM_AT = "headroom.dev/room-at"
+PATCH_EVERY_SECONDS = 1.0
+REQUEST_TIMEOUT_SECONDS = 5.0
+
+Stamper = Callable[[str, str], None]
+"""``(node, timestamp)``: set the node's room-at annotation; raises on failure."""
+
+
+def api_stamper(api: client.ApiClient) -> Stamper:
+    core = client.CoreV1Api(api)
+
+    def stamp(node: str, when: str) -> None:
+        body = {"metadata": {"annotations": {ANNOTATION_ROOM_AT: when}}}
+        core.patch_node(
+            node, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
+
+    return stamp
+
+
+class RoomNotifier:
+    def __init__(self, stamper: Stamper, every: float = PATCH_EVERY_SECONDS) -> None:
+        self.stamper = stamper
+        self.every = every
+        self._waiting: set[str] = set()
+        self._last: dict[str, float] = {}
+        self.stamped = 0
+
+    def room(self, node: str) -> None:
+        """Room may have appeared on ``node`` (on the event loop): stamp it soon, once."""
+        if node in self._waiting:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (plain-data tests of the state): nobody to tell
+        self._waiting.add(node)
+        delay = max(0.0, self._last.get(node, 0.0) + self.every - time.monotonic())
+        loop.call_later(delay, lambda: loop.create_task(self._stamp(node)))
+
+    async def _stamp(self, node: str) -> None:
+        self._waiting.discard(node)
+        self._last[node] = time.monotonic()
+        when = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        try:
+            await asyncio.to_thread(self.stamper, node, when)
+        except (ApiException, HTTPError, OSError) as err:
+            reason: Any = err.status if isinstance(err, ApiException) else type(err).__name__
+            log.info("node %s: could not stamp %s (%s)", node, ANNOTATION_ROOM_AT, reason)
+            return
+        self.stamped += 1

@@ -1,0 +1,41 @@
+"""Room on a node is told to kube-scheduler through one coalesced node annotation."""
+
+import asyncio
+
+from extender.requeue import RoomNotifier
+from extender.state import ClusterState
+from tests.extender.objects import gpu_node, gpu_pod
+
+
+async def test_room_is_stamped_once_per_burst_of_events() -> None:
+    stamped: list[str] = []
+    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05)
+    for _ in range(5):
+        notifier.room("gpu-a")
+    notifier.room("gpu-b")
+    for _ in range(50):
+        if len(stamped) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert sorted(stamped) == ["gpu-a", "gpu-b"]
+
+
+def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
+    state = ClusterState(margin=0, stale_after=90.0)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    pod = gpu_pod("p", node="gpu-a", declared="1Gi")
+    state.on_pod("ADDED", pod)
+    state.on_pod("MODIFIED", pod)  # an update is not room
+    assert rooms == []
+    state.on_pod("DELETED", pod)
+    assert rooms == ["gpu-a"]
+    waiting = gpu_pod("w", declared="1Gi")
+    state.on_pod("ADDED", waiting)
+    claim = state.lookup(waiting["metadata"]["uid"], "research", "w")
+    assert claim is not None
+    assert state.assume(claim, "gpu-a").fits
+    state.forget(claim.uid)
+    assert rooms == ["gpu-a", "gpu-a"]
