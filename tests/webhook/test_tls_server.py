@@ -205,3 +205,31 @@ async def test_a_rotation_mid_stream_drops_no_request(server: Server) -> None:
     # Requests on the kept-alive connection went on through the rotation.
     assert kept.ok > 20
     assert server.tls.certificate.serial_number == new_serial
+
+
+def tls12_client(ca_file: Path, ciphers: str) -> ssl.SSLContext:
+    context = client_context(ca_file)
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(ciphers)
+    return context
+
+
+CBC_SUITES = (
+    "ECDHE-ECDSA-AES128-SHA256:ECDHE-RSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384:"
+    "ECDHE-RSA-AES256-SHA384:ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES128-SHA:AES128-SHA256:AES128-SHA"
+)
+
+
+async def test_tls12_offers_no_cbc_suite(server: Server) -> None:
+    # The server refuses the handshake (no shared cipher); asyncio reports
+    # either the alert or the reset that follows it.
+    client = tls12_client(server.ca_file, CBC_SUITES)
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        await Connection.open(server.url, client)
+
+
+@pytest.mark.parametrize("suites", ["ECDHE+AESGCM", "ECDHE+CHACHA20"])
+async def test_tls12_speaks_aead_suites(server: Server, suites: str) -> None:
+    connection = await Connection.open(server.url, tls12_client(server.ca_file, suites))
+    assert await admit(connection) == 200
+    await connection.close()
