@@ -48,6 +48,25 @@ def add_parser(subparsers: Any) -> None:
         metavar="DURATION",
         help="how often to look for a rotated certificate, e.g. 10s, 500ms (default 10s)",
     )
+    parser.add_argument(
+        "--service",
+        default="headroom-webhook",
+        help="the webhook's Service; the certificate must name <service>.<namespace>.svc, "
+        "or a new one is not loaded and /readyz fails (default headroom-webhook)",
+    )
+    parser.add_argument(
+        "--service-namespace",
+        default="headroom-system",
+        metavar="NS",
+        help="the Service's namespace (default headroom-system)",
+    )
+    parser.add_argument(
+        "--expected-dns",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another DNS name the certificate must carry (repeatable)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -63,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         watch_nodes=args.watch_nodes,
         cert_check_seconds=max(args.cert_check_interval, 0.1),
+        expected_dns=(f"{args.service}.{args.service_namespace}.svc", *args.expected_dns),
     )
     try:
         asyncio.run(serve(settings))

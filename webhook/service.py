@@ -32,6 +32,8 @@ class Settings:
     kubeconfig: str | None = None
     watch_nodes: bool = True
     cert_check_seconds: float = 10.0
+    expected_dns: tuple[str, ...] = ()
+    """DNS names the serving certificate must carry (the Service's <svc>.<ns>.svc)."""
     shutdown_delay_seconds: float = 2.0
     """After SIGTERM, keep serving while the endpoint is withdrawn: the
     apiserver may still send a request or two to this address."""
@@ -59,13 +61,24 @@ def certificate_metrics(metrics: WebhookMetrics) -> ReloadHook:
     return on_reload
 
 
+def _not_ready(stopping: asyncio.Event, cache: ClusterCache, tls: ReloadingContext) -> list[str]:
+    if stopping.is_set():
+        return ["shutdown"]
+    problem = tls.problem()
+    return [*cache.not_synced(), *([f"a valid certificate ({problem})"] if problem else [])]
+
+
 async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stopping`` is set).
 
     Raises CertificateError / KubeConfigError on bad setup, before listening.
     """
     metrics = WebhookMetrics()
-    tls = ReloadingContext(settings.cert_dir, on_reload=certificate_metrics(metrics))
+    tls = ReloadingContext(
+        settings.cert_dir,
+        on_reload=certificate_metrics(metrics),
+        expected_dns=settings.expected_dns,
+    )
     metrics.certificate_expiry.set(tls.certificate.not_valid_after_utc.timestamp())
     cache = ClusterCache(watch_nodes=settings.watch_nodes)
     cache.start(api_client(settings.kubeconfig))
@@ -75,7 +88,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
     app = create_app(
         reviewer(cache, Admission(cache)),
         metrics=metrics,
-        not_ready=lambda: ["shutdown"] if stopping.is_set() else cache.not_synced(),
+        not_ready=lambda: _not_ready(stopping, cache, tls),
     )
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

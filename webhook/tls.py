@@ -9,9 +9,13 @@ open -- and requests in flight on them -- carry on with the old one.
 A new pair is committed only when it loads as a matching cert and key and the
 files did not change while loading: a half-written rotation (new cert, old
 key) is retried on the next tick, and the old certificate stays in service.
+A pair that loads but is expired, not yet valid, or does not name the
+Service's DNS names is refused the same way (logged once per change); the
+webhook goes not-ready only when the pair in service itself is invalid.
 """
 
 import asyncio
+import datetime
 import logging
 import os
 import ssl
@@ -27,6 +31,40 @@ KEY_FILE = "tls.key"
 """The key names of a ``kubernetes.io/tls`` Secret, as mounted in the pod."""
 
 Signature = tuple[tuple[int, int, int], ...]
+Clock = Callable[[], datetime.datetime]
+
+EXPIRY_WARNING = datetime.timedelta(days=14)
+"""How long before expiry the webhook logs a warning (the expiry gauge is always there)."""
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def certificate_problem(
+    certificate: x509.Certificate, expected_dns: tuple[str, ...], now: datetime.datetime
+) -> str | None:
+    """Why this serving certificate must not serve, or None when it may."""
+    if now < certificate.not_valid_before_utc:
+        return f"certificate not valid before {certificate.not_valid_before_utc.isoformat()}"
+    if now >= certificate.not_valid_after_utc:
+        return f"certificate expired at {certificate.not_valid_after_utc.isoformat()}"
+    try:
+        sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        names = [n.lower() for n in sans.value.get_values_for_type(x509.DNSName)]
+    except x509.ExtensionNotFound:
+        names = []
+    missing = [name for name in expected_dns if not _covered(name.lower(), names)]
+    if missing:
+        return f"certificate does not name {', '.join(missing)} (its DNS names: {names or 'none'})"
+    return None
+
+
+def _covered(name: str, sans: list[str]) -> bool:
+    # A wildcard covers exactly one leftmost label, as Go's verifier has it.
+    return any(
+        san == name or (san.startswith("*.") and name.partition(".")[2] == san[2:]) for san in sans
+    )
 
 
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL"
@@ -62,16 +100,45 @@ class ReloadingContext:
         cert_dir: Path,
         *,
         on_reload: Callable[[bool, x509.Certificate | None], None] | None = None,
+        expected_dns: tuple[str, ...] = (),
+        clock: Clock = _utc_now,
     ) -> None:
         self.cert_file = cert_dir / CERT_FILE
         self.key_file = cert_dir / KEY_FILE
         self._on_reload = on_reload
+        self.expected_dns = expected_dns
+        self._clock = clock
+        self._refused: Signature | None = None
+        self._warned_serial: int | None = None
         signature = self._signature()
         self.context = server_context(self.cert_file, self.key_file)
         self.context.sni_callback = self._select
         self._current = self.context
         self._signature_loaded = signature
         self.certificate = self._read_certificate()
+        # No older pair to fall back on: serve it, but /readyz says why not ready.
+        problem = self.problem()
+        if problem:
+            log.error("serving certificate %s is not valid: %s", self.cert_file, problem)
+
+    def problem(self) -> str | None:
+        """Why the pair in service must not serve now (None when it may); also
+        logs, once per certificate, that it expires within EXPIRY_WARNING."""
+        now = self._clock()
+        problem = certificate_problem(self.certificate, self.expected_dns, now)
+        expires = self.certificate.not_valid_after_utc
+        if (
+            problem is None
+            and expires - now <= EXPIRY_WARNING
+            and self._warned_serial != self.certificate.serial_number
+        ):
+            self._warned_serial = self.certificate.serial_number
+            log.warning(
+                "serving certificate expires at %s (in %s): rotate it",
+                expires.isoformat(),
+                expires - now,
+            )
+        return problem
 
     def _select(self, connection: ssl.SSLObject, server_name: str | None, _: object) -> None:
         # Runs inside the handshake: only swap the context, nothing that may fail.
@@ -82,7 +149,7 @@ class ReloadingContext:
     def reload_if_changed(self) -> bool:
         """Load the files if they changed since the last good load; True if a new pair is live."""
         before = self._signature()
-        if before == self._signature_loaded:
+        if before in (self._signature_loaded, self._refused):
             return False
         try:
             fresh = server_context(self.cert_file, self.key_file)
@@ -93,6 +160,13 @@ class ReloadingContext:
             return False
         if self._signature() != before:
             return False  # changed while loading: the next tick loads the settled files
+        problem = certificate_problem(certificate, self.expected_dns, self._clock())
+        if problem is not None:
+            # Complete but wrong: refused until the files change again.
+            self._refused = before
+            log.error("new certificate not loaded, the old one stays in service: %s", problem)
+            self._notify(False, None)
+            return False
         self._current = fresh
         self._signature_loaded = before
         self.certificate = certificate
@@ -110,6 +184,7 @@ class ReloadingContext:
         while True:
             await asyncio.sleep(interval)
             self.reload_if_changed()
+            self.problem()
 
     def _notify(self, ok: bool, certificate: x509.Certificate | None) -> None:
         if self._on_reload is not None:

@@ -1,5 +1,6 @@
 """ReloadingContext on its own: loads, refuses bad pairs, reloads on change."""
 
+import datetime
 import ssl
 from pathlib import Path
 
@@ -67,3 +68,70 @@ def test_a_half_written_rotation_keeps_the_old_pair_and_retries(tmp_path: Path) 
     assert tls.reload_if_changed()
     assert tls.certificate.serial_number == second.serial_number
     assert reloads == [False, True]
+
+
+SERVICE_DNS = ("headroom-webhook.headroom.svc",)
+
+
+def test_an_expired_rotation_keeps_the_old_pair_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = make_certs(tmp_path)
+    reloads: list[bool] = []
+    tls = ReloadingContext(
+        tmp_path, expected_dns=SERVICE_DNS, on_reload=lambda ok, _: reloads.append(ok)
+    )
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=800)
+    generate(tmp_path, service="headroom-webhook", namespace="headroom", now=long_ago)
+    assert not tls.reload_if_changed()
+    assert not tls.reload_if_changed()  # said once per change, not once per tick
+    assert tls.certificate.serial_number == first.serial_number
+    assert tls.problem() is None
+    assert reloads == [False]
+    refusals = [r for r in caplog.records if "old one stays in service" in r.getMessage()]
+    assert len(refusals) == 1
+    assert "expired at" in refusals[0].getMessage()
+
+
+def test_a_rotation_for_another_service_keeps_the_old_pair(tmp_path: Path) -> None:
+    first = make_certs(tmp_path)
+    tls = ReloadingContext(tmp_path, expected_dns=SERVICE_DNS)
+    generate(tmp_path, service="someone-else", namespace="headroom")
+    assert not tls.reload_if_changed()
+    assert tls.certificate.serial_number == first.serial_number
+    # A good pair after the bad one is loaded.
+    second = make_certs(tmp_path)
+    assert tls.reload_if_changed()
+    assert tls.certificate.serial_number == second.serial_number
+
+
+def test_not_ready_only_when_the_pair_in_service_is_invalid(tmp_path: Path) -> None:
+    certificate = make_certs(tmp_path)
+    later = certificate.not_valid_after_utc + datetime.timedelta(seconds=1)
+    now = [datetime.datetime.now(datetime.UTC)]
+    tls = ReloadingContext(tmp_path, expected_dns=SERVICE_DNS, clock=lambda: now[0])
+    assert tls.problem() is None
+    now[0] = later
+    problem = tls.problem()
+    assert problem is not None
+    assert "expired at" in problem
+
+
+def test_a_pair_that_names_other_services_is_not_ready_from_the_start(tmp_path: Path) -> None:
+    make_certs(tmp_path)
+    tls = ReloadingContext(tmp_path, expected_dns=("headroom-webhook.elsewhere.svc",))
+    problem = tls.problem()
+    assert problem is not None
+    assert "headroom-webhook.elsewhere.svc" in problem
+
+
+def test_two_weeks_before_expiry_a_warning_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    certificate = make_certs(tmp_path)
+    soon = certificate.not_valid_after_utc - datetime.timedelta(days=13)
+    tls = ReloadingContext(tmp_path, expected_dns=SERVICE_DNS, clock=lambda: soon)
+    assert tls.problem() is None
+    assert tls.problem() is None
+    warnings = [r for r in caplog.records if "rotate it" in r.getMessage()]
+    assert len(warnings) == 1
