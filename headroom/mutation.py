@@ -83,9 +83,16 @@ def _decide(
     offered_mig: MigOffer | None,
 ) -> Decision:
     metadata = mapping(pod, "metadata", "metadata")
-    if string_map(metadata, "labels", "metadata.labels").get(names.LABEL_SKIP) == "true":
+    skip = string_map(metadata, "labels", "metadata.labels").get(names.LABEL_SKIP) == "true"
+    skip_policy = policies.get(policy_name)
+    if skip and skip_policy is not None and skip_policy.spec.allow_skip:
         return Decision(True, "skipped", f"pod is labelled {names.LABEL_SKIP}=true")
     rewrite = Rewrite(_working_copy(pod), offered_mig)
+    if skip and rewrite.requests:
+        # The label alone must not opt a GPU pod out of the accounting (issue 7 §2).
+        rewrite.notes.append(
+            f"{names.LABEL_SKIP}=true ignored: GPUSharingPolicy {policy_name} has no allowSkip"
+        )
     if not rewrite.requests:
         return Decision(True, "skipped", "pod asks for no GPU")
     policy = policies.get(policy_name)

@@ -23,6 +23,9 @@ Defaults, and why:
 - ``guard: warn`` -- the agent records an Event when a pod holds more GPU
   memory than it declared; ``evict`` also evicts it; ``off`` does nothing.
 - ``envHints: false`` -- environment is the user's; hints are opt-in.
+- ``allowSkip: false`` -- the pod label ``headroom.dev/skip=true`` is ignored
+  (with a warning), so a tenant cannot opt a GPU pod out of the accounting;
+  ``true`` lets it pass unchanged (a whole GPU stays a whole GPU).
 """
 
 from collections.abc import Iterable, Mapping
@@ -134,6 +137,7 @@ class GPUSharingPolicySpec(_Strict):
     node_selector_conflict: Literal["warn", "deny"] = "warn"
     invalid_memory: Literal["deny", "warn"] = "deny"
     guard: Literal["off", "warn", "evict"] = "warn"
+    allow_skip: bool = False
 
     @model_validator(mode="after")
     def _default_within_max(self) -> "GPUSharingPolicySpec":

@@ -95,13 +95,55 @@ def test_namespace_without_policy_is_untouched(
     assert set(pod["metadata"].get("annotations", {})) == {names.ANNOTATION_GPU_MEMORY}
 
 
-def test_skip_label_opts_a_pod_out(cluster: Cluster, namespace: NamespaceFactory) -> None:
-    ns = namespace("gpu-shared")
+def test_skip_label_alone_does_not_opt_a_pod_out(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # Issue 7 §2: the label used to keep a whole-GPU pod out of the accounting.
+    ns = namespace("gpu-shared")  # no allowSkip
     code, stderr = _create(cluster, gpu_pod(ns, "opted-out", labels={names.LABEL_SKIP: "true"}))
 
     assert code == 0, stderr
+    assert "headroom.dev/skip=true ignored" in stderr, stderr
     pod = cluster.kubectl_json("get", "pod", "opted-out", "-n", ns)
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {names.GPU: "1"}
+    assert names.GPU_SHARED in pod["spec"]["containers"][0]["resources"]["limits"]
+    assert pod["spec"]["schedulerName"] == names.HEADROOM_SCHEDULER
+
+
+def test_skip_label_opts_a_pod_out_where_the_policy_allows_it(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    policy = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": "gpu-shared-skippable"},
+        "spec": {"defaultMemory": "4Gi", "allowSkip": True},
+    }
+    cluster.apply([policy])
+    try:
+        ns = namespace("gpu-shared-skippable")
+        probe = gpu_pod(ns, "probe")
+        # The webhook learns policies from a watch: wait until it knows this one.
+        eventually(
+            "the webhook knows gpu-shared-skippable",
+            lambda: (
+                "does not exist"
+                not in cluster.kubectl(
+                    "create",
+                    "--dry-run=server",
+                    "-f",
+                    "-",
+                    input=yaml.safe_dump(probe),
+                    check=False,
+                ).stderr
+            ),
+        )
+        code, stderr = _create(cluster, gpu_pod(ns, "opted-out", labels={names.LABEL_SKIP: "true"}))
+
+        assert code == 0, stderr
+        pod = cluster.kubectl_json("get", "pod", "opted-out", "-n", ns)
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {names.GPU: "1"}
+    finally:
+        cluster.kubectl("delete", "gpusharingpolicy", "gpu-shared-skippable", check=False)
 
 
 def test_pod_above_max_memory_is_denied_with_a_clear_message(

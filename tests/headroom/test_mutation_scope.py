@@ -35,11 +35,25 @@ def test_rule1_a_zero_gpu_request_is_not_a_gpu_pod() -> None:
     assert run(gpu_pod({"nvidia.com/gpu": "0"})).outcome == "skipped"
 
 
-def test_rule1_skip_label_opts_a_pod_out() -> None:
+def test_rule1_skip_label_opts_a_pod_out_only_where_the_policy_allows_it() -> None:
     pod = gpu_pod({"nvidia.com/gpu": "1"}, labels={"headroom.dev/skip": "true"})
-    decision = run(pod)
+    allowing = make_policy("gpu-shared", defaultMemory="4Gi", allowSkip=True)
+    decision = run(pod, allowing)
     assert (decision.allowed, decision.outcome, decision.patch) == (True, "skipped", [])
     assert run(gpu_pod({"nvidia.com/gpu": "1"}, labels={"headroom.dev/skip": "no"})).patch
+
+
+def test_rule1_skip_label_is_ignored_with_a_warning_by_default() -> None:
+    # Issue 7 §2: the label alone used to take a GPU pod out of the accounting.
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, labels={"headroom.dev/skip": "true"})
+    decision = run(pod)
+    assert (decision.allowed, decision.outcome) == (True, "mutated")
+    limits = patched(pod, decision)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu.shared"] == "1"
+    assert "nvidia.com/gpu" not in limits
+    assert any(
+        "headroom.dev/skip=true ignored" in w and "allowSkip" in w for w in decision.warnings
+    )
 
 
 def test_rule1_namespace_without_policy_label_passes_unchanged() -> None:
