@@ -27,6 +27,7 @@ from headroom.patch import diff
 from headroom.podspec import PodError, json_type, mapping, string_map
 from headroom.policy import GPUSharingPolicy
 from headroom.rewrite import Denied, InvalidMemory, Rewrite
+from headroom.scheduling import foreign_scheduler
 
 Outcome = Literal["mutated", "unchanged", "skipped", "denied", "dry-run", "no-policy"]
 
@@ -111,6 +112,17 @@ def _decide(
     if policy.spec.mode == "passthrough":
         return Decision(True, "unchanged", "policy mode is passthrough", policy=policy_name)
     dry_run = policy.spec.dry_run
+    foreign = foreign_scheduler(mapping(pod, "spec", "spec"), policy)
+    if foreign is not None and policy.spec.mode == "shared":
+        if policy.spec.foreign_schedulers == "ignore":
+            note = f"headroom: schedulerName {foreign}: pod left unchanged, outside Headroom"
+            return Decision(True, "unchanged", note, warnings=_lines([note]), policy=policy_name)
+        return _refuse(
+            f"spec.schedulerName is {foreign}: GPU pods under GPUSharingPolicy {policy_name} "
+            f"are scheduled by {policy.spec.scheduler_name} (foreignSchedulers: deny)",
+            policy_name,
+            dry_run,
+        )
     try:
         rewrite.apply(policy)
     except InvalidMemory as err:

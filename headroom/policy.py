@@ -26,6 +26,9 @@ Defaults, and why:
 - ``allowSkip: false`` -- the pod label ``headroom.dev/skip=true`` is ignored
   (with a warning), so a tenant cannot opt a GPU pod out of the accounting;
   ``true`` lets it pass unchanged (a whole GPU stays a whole GPU).
+- ``foreignSchedulers: deny`` -- in ``mode: shared``, a GPU pod naming another
+  scheduler (kai-scheduler, volcano) would skip the GPU memory fit, so it is
+  denied; ``ignore`` leaves it unchanged, outside Headroom (whole GPUs).
 """
 
 from collections.abc import Iterable, Mapping
@@ -138,6 +141,7 @@ class GPUSharingPolicySpec(_Strict):
     invalid_memory: Literal["deny", "warn"] = "deny"
     guard: Literal["off", "warn", "evict"] = "warn"
     allow_skip: bool = False
+    foreign_schedulers: Literal["deny", "ignore"] = "deny"
 
     @model_validator(mode="after")
     def _default_within_max(self) -> "GPUSharingPolicySpec":

@@ -70,6 +70,22 @@ def schedule(
         )
 
 
+def foreign_scheduler(pod_spec: Mapping[str, Any], policy: GPUSharingPolicy) -> str | None:
+    """The pod's schedulerName when it belongs to another scheduler, else None.
+
+    Neither the default scheduler (replaced by the policy's) nor the policy's
+    own: kai-scheduler, volcano... Such a pod would skip the extender's per-GPU
+    memory fit, so the policy's ``foreignSchedulers`` decides (deny, or leave
+    the pod alone as outside Headroom).
+    """
+    current = pod_spec.get("schedulerName")
+    if current is not None and not isinstance(current, str):
+        raise PodError(f"spec.schedulerName: expected a string, got {json_type(current)}")
+    if current in (None, "", names.DEFAULT_SCHEDULER, policy.spec.scheduler_name):
+        return None
+    return current
+
+
 def _node_selector(
     pod_spec: dict[str, Any],
     policy: GPUSharingPolicy,

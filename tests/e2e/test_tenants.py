@@ -130,7 +130,10 @@ def test_skip_label_preset_node_and_foreign_scheduler_are_refused(
     foreign["spec"]["schedulerName"] = "kai-scheduler"
     code, out = create(cluster, foreign, as_tenant_flag)
     assert code != 0, out
-    assert "must be scheduled by headroom-scheduler (spec.schedulerName is kai-scheduler)" in out
+    # The webhook refuses it first (foreignSchedulers: deny); the admission policy
+    # would refuse it too once rewritten to a shared slot.
+    assert "spec.schedulerName is kai-scheduler" in out, out
+    assert "foreignSchedulers: deny" in out, out
 
     assert [p["metadata"]["name"] for p in pods(cluster, ns)] in ([], ["skipper"])
 

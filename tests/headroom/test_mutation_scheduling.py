@@ -101,12 +101,22 @@ def test_rule7_default_scheduler_is_replaced_by_the_policys() -> None:
         assert result["spec"]["schedulerName"] == "headroom-scheduler", scheduler
 
 
-def test_rule7_a_custom_scheduler_is_left_alone_with_a_warning() -> None:
+def test_rule7_a_foreign_scheduler_is_denied_by_default() -> None:
+    # Issue 7 §2: a volcano pod used to be rewritten to a shared slot yet skip the fit.
     pod = gpu_pod({"nvidia.com/gpu": "1"})
     pod["spec"]["schedulerName"] = "volcano"
     decision = run(pod, scheduling_policy())
-    assert patched(pod, decision)["spec"]["schedulerName"] == "volcano"
-    assert any("kept schedulerName volcano" in w for w in decision.warnings)
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert "spec.schedulerName is volcano" in decision.message
+    assert "foreignSchedulers: deny" in decision.message
+
+
+def test_rule7_a_foreign_scheduler_is_left_alone_under_foreign_schedulers_ignore() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["schedulerName"] = "kai-scheduler"
+    decision = run(pod, scheduling_policy(foreignSchedulers="ignore"))
+    assert (decision.allowed, decision.outcome, decision.patch) == (True, "unchanged", [])
+    assert any("kai-scheduler" in w and "outside Headroom" in w for w in decision.warnings)
 
 
 def test_rule7_the_policy_may_name_its_own_scheduler() -> None:
