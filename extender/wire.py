@@ -94,6 +94,38 @@ class ExtenderBindingResult(_Wire):
     Error: str = ""
 
 
+class MetaPod(_Wire):
+    UID: str = Field(min_length=1)
+
+
+class MetaVictims(_Wire):
+    """Victims named by UID (``nodeCacheCapable: true``)."""
+
+    Pods: list[MetaPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    """Victims as whole pods (``nodeCacheCapable: false``)."""
+
+    Pods: list[dict[str, Any]] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(_Wire):
+    """Body of ``preempt``: the preemptor and, per candidate node, kube-scheduler's victims."""
+
+    Pod: dict[str, Any] | None = None
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+
+class ExtenderPreemptionResult(_Wire):
+    """The nodes kept, each with the victims the extender chose (by UID)."""
+
+    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+
+
 class NotJSON(ValueError):
     """The body is not JSON at all: answered with HTTP 400."""
 
