@@ -120,7 +120,7 @@ class ClusterState:
                 old = self.reports.get(name)
                 self.reports[name] = report
                 if measured(report, now=self.clock(), stale_after=self.stale_after):
-                    self.last_good[name] = report
+                    self.last_good[name] = _keep_failed_gpus(report, self.last_good.get(name))
                 if old is not None and self._heartbeat(name, old, report):
                     return
         self._touch(name)
@@ -388,3 +388,13 @@ def _pod_key(obj: Mapping[str, Any]) -> str:
     if not isinstance(metadata, Mapping):
         return "?"
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:
+    """``report`` as the last good one, a GPU NVML failed to read keeping its last reading."""
+    failed = {gpu.index for gpu in report.gpus if gpu.error}
+    if not failed:
+        return report
+    kept = [g for g in (last.gpus if last is not None else []) if g.index in failed and not g.error]
+    gpus = [g for g in report.gpus if not g.error] + kept
+    return report.model_copy(update={"gpus": gpus})

@@ -168,7 +168,18 @@ def account_node(
     if report is not None and source == "report":
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
+        report, failed = _readable(report)
         gpus = _measured(node, live, report, margin)
+        if failed:
+            # One GPU NVML could not read is accounted as a stale one; the others stay measured.
+            evidence = [r for r in (last_good, report) if r is not None]
+            fallback = {g.index: g for g in _declared_only(node, live, evidence, margin)}
+            gpus = [fallback.get(g.index, g) if g.index in failed else g for g in gpus]
+            note = "; ".join(
+                filter(
+                    None, (note, *(f"NVML error on GPU {i}: {failed[i]}" for i in sorted(failed)))
+                )
+            )
     else:
         evidence = [r for r in (last_good, report) if r is not None]
         gpus = _declared_only(node, live, evidence, margin)
@@ -289,6 +300,14 @@ def _measured(
         )
         for index in sorted(charges)
     ]
+
+
+def _readable(report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:
+    """The report without the GPUs NVML failed to read, and each one's error."""
+    failed = {gpu.index: gpu.error for gpu in report.gpus if gpu.error}
+    if failed:
+        report = report.model_copy(update={"gpus": [g for g in report.gpus if not g.error]})
+    return report, failed
 
 
 def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, list[str]]:

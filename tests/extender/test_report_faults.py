@@ -117,3 +117,53 @@ def test_no_sequence_of_reports_raises_headroom_above_the_last_observation(
     clock.now += wait
     oracle = 40 * GIB - MARGIN - max(declared_gib, last_usage) * GIB - last_unattributed * GIB
     assert headroom(state) <= oracle
+
+
+def failing_gpu(obj: dict[str, Any], index: int) -> dict[str, Any]:
+    """``obj`` with NVML failing to read GPU ``index``: zero figures and an error."""
+    status = parse_report(obj)
+    gpus = [
+        g.model_copy(
+            update={
+                "error": "NVMLError_Unknown",
+                "pods": [],
+                "unattributed_bytes": 0,
+                "used_bytes": 0,
+            }
+        )
+        if g.index == index
+        else g
+        for g in status.gpus
+    ]
+    return report_object(status.model_copy(update={"gpus": gpus}))
+
+
+def test_one_failing_gpu_keeps_its_last_reading_and_the_others_stay_measured() -> None:
+    leaky = gpu_pod("leaky", node="gpu-a", declared="6Gi")
+    small = gpu_pod("small", node="gpu-a", declared="2Gi")
+    state, clock = state_with(gpu_node("gpu-a", gpus=2), leaky, small)
+    usage = {0: {uid_of(leaky): 30 * GIB}, 1: {uid_of(small): GIB}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, unattributed={0: 4 * GIB}))
+    clock.now += 5
+    state.on_report(
+        "MODIFIED", failing_gpu(gpu_report("gpu-a", usage, at=EPOCH + timedelta(seconds=5)), 0)
+    )
+    state.refresh(state.clock())
+    account = state.account("gpu-a")
+    assert account is not None
+    gpu0, gpu1 = account.gpus
+    # GPU 0: what it was last seen holding (30Gi + 4Gi), plus every pod that may be there.
+    assert gpu0.headroom <= 40 * GIB - 34 * GIB - 2 * GIB - MARGIN
+    # GPU 1 is still measured: its own pod at its declaration, and (conservatively) the
+    # pod no readable GPU shows any more at its declaration -- not GPU 0's 34Gi, nor blank.
+    assert gpu1.headroom == 40 * GIB - 2 * GIB - 6 * GIB - MARGIN
+    assert "NVML error on GPU 0" in account.note
+    # A second failing report does not forget GPU 0's last reading.
+    clock.now += 5
+    state.on_report(
+        "MODIFIED", failing_gpu(gpu_report("gpu-a", usage, at=EPOCH + timedelta(seconds=10)), 0)
+    )
+    state.refresh(state.clock())
+    again = state.account("gpu-a")
+    assert again is not None
+    assert again.gpus[0].headroom == gpu0.headroom
