@@ -102,6 +102,7 @@ def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
         mig_devices=mig_devices,
         pods=whole,
         unattributed_bytes=max(gpu.used_bytes - attributed, 0),
+        error=gpu.error,
     )
 
 

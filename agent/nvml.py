@@ -65,7 +65,7 @@ class NvmlProbe:
         nvml = self._nvml
         try:
             count = int(nvml.nvmlDeviceGetCount())
-            return Snapshot(gpus=tuple(self._gpu(index) for index in range(count)))
+            return Snapshot(gpus=tuple(self._gpu_or_error(index) for index in range(count)))
         except nvml.NVMLError as err:
             # A lost GPU or a driver reload: start over with nvmlInit, slowly.
             self.close()
@@ -112,6 +112,14 @@ class NvmlProbe:
         return self._failure
 
     # --- one device -----------------------------------------------------------
+
+    def _gpu_or_error(self, index: int) -> GPU:
+        """One GPU, or (an NVML error on it alone) a GPU marked failed: it never fails the node."""
+        nvml = self._nvml
+        try:
+            return self._gpu(index)
+        except nvml.NVMLError as err:
+            return GPU(index, "", "", 0, 0, 0, error=f"NVML error reading GPU {index}: {err}")
 
     def _gpu(self, index: int) -> GPU:
         nvml = self._nvml

@@ -50,6 +50,8 @@ class GPU:
     mig_devices: tuple[MigDevice, ...] = ()
     processes: tuple[GPUProcess, ...] = ()
     """Processes on the whole GPU; on a MIG GPU they are under each device."""
+    error: str = ""
+    """Why NVML could not read this GPU; its figures are then not measurements."""
 
 
 @dataclass(frozen=True)

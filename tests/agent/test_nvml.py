@@ -168,3 +168,14 @@ async def test_agent_without_driver_reports_the_condition_and_logs_once(
     assert len(writer.objects) == 2
     written = writer.objects[0]["status"]["conditions"][0]
     assert (written["type"], written["status"]) == ("NVMLAvailable", "False")
+
+
+def test_an_nvml_error_on_one_gpu_marks_that_gpu_and_keeps_the_others() -> None:
+    devices = two_gpus()
+    devices[1].processes_error = lambda: pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    snapshot = NvmlProbe(PynvmlDouble(devices)).snapshot()
+    first, second = snapshot.gpus
+    assert first.error == ""
+    assert first.total_bytes > 0
+    assert second.index == 1
+    assert "NVML error reading GPU 1" in second.error
