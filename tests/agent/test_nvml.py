@@ -172,7 +172,7 @@ async def test_agent_without_driver_reports_the_condition_and_logs_once(
 
 def test_an_nvml_error_on_one_gpu_marks_that_gpu_and_keeps_the_others() -> None:
     devices = two_gpus()
-    devices[1].processes_error = lambda: pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    devices[1].processes_error = pynvml.NVMLError_Unknown
     snapshot = NvmlProbe(PynvmlDouble(devices)).snapshot()
     first, second = snapshot.gpus
     assert first.error == ""
