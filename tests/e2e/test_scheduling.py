@@ -73,7 +73,16 @@ def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
     eventually(
         "the first pod bound",
         lambda: any(p["spec"].get("nodeName") for p in pods(cluster, ns)),
-        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
+        explain=lambda: (
+            placement(cluster, ns)
+            + "\n"
+            + extender_state(cluster)
+            + "\n".join(
+                line
+                for line in cluster.components["extender"].log_tail(400).splitlines()
+                if "stamp" in line or "ERROR" in line or "Traceback" in line
+            )
+        ),
     )
 
     cluster.restart("extender")
