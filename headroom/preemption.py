@@ -92,3 +92,22 @@ def choose_victims(need: int, priority: int, gpus: Iterable[GPURoom]) -> Victims
     if not options:
         return None
     return min(options, key=lambda v: (*v.rank(), v.gpu))
+
+
+def victims_on_node(need: int, priority: int, gpus: Iterable[GPURoom]) -> Victims | None:
+    """Victims so that EVERY shared GPU of a node has room, or None.
+
+    The extender's filter admits a shared pod only where its tightest GPU fits it
+    (the device plugin, not Headroom, picks the GPU), so preemption must free each
+    GPU short of room; a pod charged on several GPUs (not located) frees all of them.
+    """
+    chosen: dict[str, Resident] = {}
+    for gpu in sorted(gpus, key=lambda g: (g.free, g.index)):
+        gone = [pod for pod in gpu.residents if pod.uid in chosen]
+        rest = tuple(pod for pod in gpu.residents if pod.uid not in chosen)
+        room = GPURoom(gpu.index, gpu.free + sum(pod.memory for pod in gone), rest)
+        more = victims_on_gpu(need, priority, room)
+        if more is None:
+            return None
+        chosen.update((pod.uid, pod) for pod in more.pods)
+    return Victims("*", tuple(sorted(chosen.values(), key=lambda p: (p.priority, p.uid))))

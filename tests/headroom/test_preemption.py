@@ -3,7 +3,14 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.preemption import GPURoom, Resident, Victims, choose_victims, victims_on_gpu
+from headroom.preemption import (
+    GPURoom,
+    Resident,
+    Victims,
+    choose_victims,
+    victims_on_gpu,
+    victims_on_node,
+)
 
 GI = 2**30
 
@@ -118,3 +125,21 @@ def test_victims_free_enough_are_lower_priority_and_none_is_superfluous(
     unprotected = [pod for pod in lower if not pod.protected]
     if free + sum(pod.memory for pod in unprotected) >= need:
         assert chosen.pdb_violations == 0
+
+
+def test_on_a_node_every_shared_gpu_short_of_room_is_freed() -> None:
+    # The device plugin may hand the pod either GPU, so both must fit 16Gi.
+    gpus = [
+        GPURoom("0", 0, (Resident("a0", 0, 10 * GI), Resident("b0", 0, 10 * GI))),
+        GPURoom("1", 8 * GI, (Resident("a1", 0, 10 * GI),)),
+    ]
+    chosen = victims_on_node(16 * GI, 100, gpus)
+    assert chosen is not None
+    assert sorted(uids(chosen)) == ["a0", "a1", "b0"]
+
+
+def test_a_pod_charged_on_every_gpu_frees_every_gpu_once_chosen() -> None:
+    everywhere = Resident("unlocated", 0, 16 * GI)
+    gpus = [GPURoom(str(i), 0, (everywhere, Resident(f"p{i}", 1, 4 * GI))) for i in range(2)]
+    assert uids(victims_on_node(16 * GI, 100, gpus)) == ["unlocated"]
+    assert victims_on_node(40 * GI, 100, gpus) is None
