@@ -213,6 +213,18 @@ def clear(cluster: Cluster, namespace: str) -> None:
     )  # fmt: skip
 
 
+def create_namespace(cluster: Cluster, name: str, policy: str | None = None) -> None:
+    """A namespace (labelled with ``policy``), once pods can be created in it."""
+    cluster.kubectl("create", "namespace", name)
+    if policy:
+        cluster.kubectl("label", "namespace", name, f"{names.LABEL_POLICY}={policy}")
+    wait_until(
+        f"ServiceAccount default in {name}",
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+    )
+
+
 def phase(
     cluster: Cluster, label: str, namespace: str, scheduler: str, objects: list[dict[str, Any]],
     target: int, stall: float,
@@ -243,15 +255,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
     _progress(f"{args.nodes} nodes x {args.gpus_per_node} GPUs ready")
 
     slot_bound = min(args.pods, args.nodes * args.gpus_per_node * args.replicas)
-    cluster.kubectl("create", "namespace", "bench-stock")
-    wait_until(
-        "ServiceAccount default in bench-stock",
-        lambda: (
-            cluster.kubectl("get", "sa", "default", "-n", "bench-stock", check=False).returncode
-            == 0
-        ),
-        timeout=60,
-    )
+    create_namespace(cluster, "bench-stock")
     stock_objects = [
         pod("bench-stock", f"p-{i:05d}", headroom=False, memory=args.memory)
         for i in range(args.pods)
@@ -263,16 +267,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
 
     specs = nodes.load(node_file)
     components.install(cluster, specs, _progress)
-    cluster.kubectl("create", "namespace", "bench-headroom")
-    cluster.kubectl("label", "namespace", "bench-headroom", f"{names.LABEL_POLICY}=gpu-shared")
-    wait_until(
-        "ServiceAccount default in bench-headroom",
-        lambda: (
-            cluster.kubectl("get", "sa", "default", "-n", "bench-headroom", check=False).returncode
-            == 0
-        ),
-        timeout=60,
-    )
+    create_namespace(cluster, "bench-headroom", policy="gpu-shared")
     # The gpu-shared policy selects time-sliced nodes and tolerates the GPU taint: the
     # bench nodes carry the label and no taint, so every one of them is a candidate.
     fits = min(args.pods, fit_bound(args.nodes, args.gpus_per_node, args.replicas, memory, margin))

@@ -194,7 +194,8 @@ class Extender:
             return ExtenderBindingResult(Error=f"pod {key} is already bound to {cached.node}")
         # Check and hold in one step, with no await between: this is the race guard.
         verdict = self.state.assume(claim, node)
-        if not verdict.fits and node not in self.state.assumed.get(claim.uid, {node: None}):
+        holds = self.state.assumed.get(claim.uid, {})
+        if not verdict.fits and holds and node not in holds:
             # Held elsewhere by an earlier bind kube-scheduler gave up on (it timed
             # out): ask the apiserver where the pod is rather than refuse for long.
             where = await self._where(claim)

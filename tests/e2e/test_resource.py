@@ -5,34 +5,12 @@ immutable resource, quotas, node capacity, a bound legacy pod's charge) is in
 test_tenants.py.
 """
 
-from typing import Any
-
 import yaml
 
 from devcluster.cluster import Cluster
 from headroom import names
 from tests.e2e.conftest import NamespaceFactory
-from tests.e2e.workloads import eventually, failed_scheduling, pods
-
-
-def legacy_pod(namespace: str, name: str) -> dict[str, Any]:
-    """A shared pod as 0.1 admitted it: ``nvidia.com/gpu.shared`` and an annotation only."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {names.ANNOTATION_DECLARED_MEMORY: "1Mi"},
-        },
-        "spec": {
-            "schedulerName": names.HEADROOM_SCHEDULER,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {"name": "main", "image": "cuda", "resources": {"limits": {names.GPU_SHARED: "1"}}}
-            ],
-        },
-    }
+from tests.e2e.workloads import eventually, failed_scheduling, legacy_pod, pods
 
 
 def test_a_pending_legacy_pod_is_refused_with_the_fix(

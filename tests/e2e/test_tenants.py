@@ -20,6 +20,7 @@ from tests.e2e.workloads import (
     failed_scheduling,
     gpu_deployment,
     gpu_pod,
+    legacy_pod,
     pods,
     running,
     settle,
@@ -241,10 +242,7 @@ def test_a_legacy_pod_is_charged_the_whole_gpu(
     # exempt namespace can still create one now.
     legacy_ns = namespace()
     cluster.kubectl("label", "namespace", legacy_ns, f"{names.LABEL_EXEMPT}=true")
-    legacy = shared_pod(legacy_ns, "old", nodeName=NODE)
-    legacy["spec"]["containers"][0]["resources"]["limits"] = {names.GPU_SHARED: "1"}
-    legacy["metadata"]["annotations"] = {names.ANNOTATION_DECLARED_MEMORY: "1Mi"}
-    code, out = create(cluster, legacy)
+    code, out = create(cluster, legacy_pod(legacy_ns, "old", nodeName=NODE))
     assert code == 0, out
     ns = namespace("gpu-shared")
     cluster.apply([pinned(ns, "small", 1, "1Gi")])

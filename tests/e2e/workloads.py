@@ -160,3 +160,24 @@ def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120
         timeout=timeout,
         explain=lambda: placement(cluster, namespace),
     )
+
+
+def legacy_pod(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    """A shared pod as 0.1 admitted it: ``nvidia.com/gpu.shared`` and an annotation only."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {names.ANNOTATION_DECLARED_MEMORY: "1Mi"},
+        },
+        "spec": {
+            "schedulerName": names.HEADROOM_SCHEDULER,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {"name": "main", "image": "cuda", "resources": {"limits": {names.GPU_SHARED: "1"}}}
+            ],
+            **spec,
+        },
+    }
