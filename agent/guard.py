@@ -12,8 +12,20 @@ episode (an episode ends when the pod is back within its declaration):
 - under ``guard: evict``, an eviction through the Eviction API, which honours
   PodDisruptionBudgets; a refused eviction is retried on later ticks.
 
-A pod whose policy is gone or unnamed is treated as ``warn``: the guard never
-evicts without a policy that says so. This module decides; the service acts.
+The policy is the one the pod's namespace names in its ``headroom.dev/policy``
+label, as the webhook chose it at admission. Never the pod's
+``headroom.dev/policy`` annotation: any tenant with the ``edit`` role may patch
+that after admission, and switching ``evict`` to a policy with ``guard: off``
+would switch the guard off (issue 7). Namespaces are cluster-scoped, and
+``edit`` cannot label them. The annotation is not even allowed to make the
+guard stricter: it carries no word of the admin's, and a namespace relabelled
+to a laxer policy applies to the pods already running there.
+
+A namespace without the label, or naming a policy that is gone or invalid, is
+treated as ``warn``: the guard never evicts without a policy that says so. A
+namespace the agent has not seen yet (its informer has not listed) defers the
+verdict, since ``warn`` there could be weaker than the namespace's ``evict``;
+the over-streak keeps counting meanwhile. This module decides; the service acts.
 """
 
 import logging
@@ -31,6 +43,7 @@ from headroom.reports import ReportStatus
 log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
+Namespace = Mapping[str, Any]
 GuardAction = Literal["off", "warn", "evict"]
 DEFAULT_ACTION: GuardAction = "warn"
 
@@ -51,10 +64,18 @@ class _Episode:
     evicted: bool = False
 
 
-def guard_action(pod: Pod, policies: Mapping[str, GPUSharingPolicy]) -> GuardAction:
-    """The ``guard`` of the policy the webhook recorded on the pod."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    policy = policies.get(str(annotations.get(names.ANNOTATION_POLICY) or ""))
+def guard_action(
+    pod: Pod,
+    policies: Mapping[str, GPUSharingPolicy],
+    namespaces: Mapping[str, Namespace],
+) -> GuardAction | None:
+    """The ``guard`` of the policy the pod's namespace is labelled with; None while
+    that namespace is unknown. ``namespaces`` is keyed by name."""
+    namespace = namespaces.get(str((pod.get("metadata") or {}).get("namespace") or ""))
+    if namespace is None:
+        return None
+    labels = (namespace.get("metadata") or {}).get("labels") or {}
+    policy = policies.get(str(labels.get(names.LABEL_POLICY) or ""))
     return policy.spec.guard if policy is not None else DEFAULT_ACTION
 
 
@@ -92,8 +113,9 @@ class Guard:
         status: ReportStatus,
         pods: Mapping[str, Pod],
         policies: Mapping[str, GPUSharingPolicy],
+        namespaces: Mapping[str, Namespace],
     ) -> list[Verdict]:
-        """What to do after one observation; ``pods`` is keyed by UID."""
+        """What to do after one observation; ``pods`` is keyed by UID, ``namespaces`` by name."""
         peaks = peak_usage(status)
         verdicts: list[Verdict] = []
         for uid in list(self._episodes):
@@ -109,9 +131,10 @@ class Guard:
                 self._episodes[uid] = _Episode()  # back within bounds: the episode is over
                 continue
             episode.streak += 1
-            if episode.streak < self.grace:
+            action = guard_action(pod, policies, namespaces)
+            if episode.streak < self.grace or action is None:
                 continue
-            verdicts += self._act(episode, pod, guard_action(pod, policies), used, declared, where)
+            verdicts += self._act(episode, pod, action, used, declared, where)
         return verdicts
 
     def event_failed(self, uid: str) -> None:

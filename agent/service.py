@@ -3,7 +3,8 @@
 :class:`Agent` is one tick and the loop around it, over injected parts (probe,
 reporter, guard, pod actions), so tests drive it without a cluster.
 :func:`serve` wires the real parts: a pod informer limited to this node
-(``spec.nodeName``), a GPUSharingPolicy informer for the guard, the node's
+(``spec.nodeName``), GPUSharingPolicy and Namespace informers for the guard
+(a pod's policy is its namespace's label, never its own annotation), the node's
 labels for the simulated backend, and the HTTP port.
 
 Nothing here raises out of the loop: a failed tick is logged and the next one
@@ -29,7 +30,7 @@ from agent.caches import NodeCache, PolicyCache
 from agent.cgroups import container_of_pid
 from agent.client import PodActions, ReportWriter
 from agent.gpuspec import GPUSpec
-from agent.guard import Guard, Verdict
+from agent.guard import Guard, Namespace, Verdict
 from agent.nvml import NvmlProbe
 from agent.probe import BackendName, Probe, ProbeUnavailable, Snapshot
 from agent.reporter import Reporter, WritePolicy
@@ -80,6 +81,7 @@ class Agent:
         actions: Actions,
         pods: Callable[[], Mapping[str, Pod]],
         policies: Callable[[], Mapping[str, GPUSharingPolicy]] = dict,
+        namespaces: Callable[[], Mapping[str, Namespace]] = dict,
         resolve: Resolver = lambda pid: None,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -91,6 +93,7 @@ class Agent:
         self._actions = actions
         self._pods = pods
         self._policies = policies
+        self._namespaces = namespaces
         self._resolve = resolve
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
@@ -129,7 +132,7 @@ class Agent:
         elif self.reporter.errors > errors:
             self.metrics.report_writes.labels("error").inc()
         if snapshot is not None:
-            for verdict in self._guard.observe(status, pods, self._policies()):
+            for verdict in self._guard.observe(status, pods, self._policies(), self._namespaces()):
                 await self._act(verdict)
         self.last_tick_at = time.monotonic()
         return status
@@ -225,6 +228,8 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         name="policies",
         handler=policy_cache.on_event,
     )
+    # Cluster-scoped, so keyed by name; the guard reads each one's policy label.
+    namespace_informer = Informer(core.list_namespace, name="namespaces")
     tasks: list[asyncio.Task[None]] = []
     waits = [pod_informer.synced]
     probe: Probe
@@ -249,10 +254,12 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         actions=PodActions(api, config.node_name),
         pods=lambda: pod_informer.items,
         policies=lambda: policy_cache.policies,
+        namespaces=lambda: namespace_informer.items,
         resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
     )
     pod_informer.start()
     policy_informer.start()
+    namespace_informer.start()
     runner = await _start_http(agent, pod_informer, config) if config.port else None
     try:
         # The first report waits for the pod list (without it every process
@@ -269,6 +276,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
     finally:
         pod_informer.stop()
         policy_informer.stop()
+        namespace_informer.stop()
         for task in tasks:
             task.cancel()
         if runner is not None:

@@ -1,4 +1,5 @@
-"""The guard: one Event per episode, eviction only under ``evict``, spikes ignored."""
+"""The guard: one Event per episode, eviction only under ``evict``, spikes ignored,
+and the policy taken from the pod's namespace, never from what a tenant may patch."""
 
 import json
 from datetime import UTC, datetime
@@ -34,18 +35,30 @@ POLICIES = {
 }
 
 
+def namespace(name: str, policy_name: str | None) -> dict[str, Any]:
+    labels = {names.LABEL_POLICY: policy_name} if policy_name else {}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+NAMESPACES = {
+    f"ns-{name}": namespace(f"ns-{name}", name)
+    for name in ("strict", "lax", "std", "no-such-policy")
+} | {"plain": namespace("plain", None)}
+
+
 def guarded(uid: str, policy_name: str, declared: str = "10Gi") -> dict[str, Any]:
+    """A pod in the namespace labelled ``policy_name``, annotated as the webhook does."""
     return pod(
         uid,
         uid,
-        namespace="ml",
+        namespace=f"ns-{policy_name}",
         annotations={names.ANNOTATION_POLICY: policy_name},
         memory=declared,
     )
 
 
 def report(usage: dict[str, int], *, mig: bool = False) -> ReportStatus:
-    pods = [PodUsage(uid=uid, namespace="ml", name=uid, used_bytes=b) for uid, b in usage.items()]
+    pods = [PodUsage(uid=uid, namespace="ns", name=uid, used_bytes=b) for uid, b in usage.items()]
     gpu = GPUUsage(
         index=0,
         uuid="GPU-1",
@@ -74,26 +87,33 @@ def report(usage: dict[str, int], *, mig: bool = False) -> ReportStatus:
 def test_a_single_spike_is_ignored() -> None:
     guard = Guard(grace=2)
     pods = {"a": guarded("a", "strict")}
-    assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES) == []
-    assert guard.observe(report({"a": 8 * GIB}), pods, POLICIES) == []
-    assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES) == []  # the count restarted
+    assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES, NAMESPACES) == []
+    assert guard.observe(report({"a": 8 * GIB}), pods, POLICIES, NAMESPACES) == []
+    assert (
+        guard.observe(report({"a": 12 * GIB}), pods, POLICIES, NAMESPACES) == []
+    )  # the count restarted
 
 
 def test_warn_records_one_event_per_episode() -> None:
     guard = Guard(grace=2)
     pods = {"a": guarded("a", "std")}
     over, under = report({"a": 12 * GIB}), report({"a": 9 * GIB})
-    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES)] for r in (over, over, over, over)]
+    kinds = [
+        [v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)]
+        for r in (over, over, over, over)
+    ]
     assert kinds == [[], ["event"], [], []]
-    guard.observe(under, pods, POLICIES)  # back within bounds: the episode ends
-    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES)] for r in (over, over)]
+    guard.observe(under, pods, POLICIES, NAMESPACES)  # back within bounds: the episode ends
+    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)] for r in (over, over)]
     assert kinds == [[], ["event"]]
 
 
 def test_event_names_the_usage_the_declaration_and_the_gpu() -> None:
     guard = Guard(grace=1)
-    (verdict,) = guard.observe(report({"a": 12 * GIB}), {"a": guarded("a", "std")}, POLICIES)
-    assert (verdict.namespace, verdict.name, verdict.uid) == ("ml", "a", "a")
+    (verdict,) = guard.observe(
+        report({"a": 12 * GIB}), {"a": guarded("a", "std")}, POLICIES, NAMESPACES
+    )
+    assert (verdict.namespace, verdict.name, verdict.uid) == ("ns-std", "a", "a")
     assert "12.0 GiB" in verdict.message
     assert "10.0 GiB" in verdict.message
     assert "gpu 0 (NVIDIA A100-PCIE-40GB)" in verdict.message
@@ -104,14 +124,14 @@ def test_evict_only_under_an_evict_policy() -> None:
     guard = Guard(grace=1)
     pods = {uid: guarded(uid, name) for uid, name in (("e", "strict"), ("w", "std"), ("o", "lax"))}
     pods["n"] = guarded("n", "no-such-policy")
-    verdicts = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES)
+    verdicts = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES, NAMESPACES)
     assert sorted((v.uid, v.kind) for v in verdicts) == [
         ("e", "event"),
         ("e", "evict"),
         ("n", "event"),  # a missing policy never evicts
         ("w", "event"),
     ]
-    again = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES)
+    again = guard.observe(report(dict.fromkeys(pods, 12 * GIB)), pods, POLICIES, NAMESPACES)
     assert again == []  # evicted once, warned once
 
 
@@ -119,19 +139,19 @@ def test_refused_eviction_is_retried() -> None:
     guard = Guard(grace=1)
     pods = {"e": guarded("e", "strict")}
     over = report({"e": 12 * GIB})
-    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event", "evict"]
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event", "evict"]
     guard.eviction_refused("e")  # a PodDisruptionBudget said no
-    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["evict"]
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["evict"]
 
 
 def test_an_event_that_could_not_be_recorded_is_retried() -> None:
     guard = Guard(grace=1)
     pods = {"w": guarded("w", "std")}
     over = report({"w": 12 * GIB})
-    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event"]
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event"]
     guard.event_failed("w")  # the apiserver was unreachable
-    assert [v.kind for v in guard.observe(over, pods, POLICIES)] == ["event"]
-    assert guard.observe(over, pods, POLICIES) == []  # recorded now: once per episode
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event"]
+    assert guard.observe(over, pods, POLICIES, NAMESPACES) == []  # recorded now: once per episode
 
 
 def test_mig_usage_and_pods_without_declarations() -> None:
@@ -141,6 +161,7 @@ def test_mig_usage_and_pods_without_declarations() -> None:
         report({"a": 12 * GIB, "u": 30 * GIB}, mig=True),
         {"a": guarded("a", "std"), "u": undeclared},
         POLICIES,
+        NAMESPACES,
     )
     assert [(v.uid, v.kind) for v in verdicts] == [("a", "event")]
     assert "MIG 3g.20gb" in verdicts[0].message
@@ -150,15 +171,57 @@ def test_terminating_pods_are_not_evicted_again() -> None:
     guard = Guard(grace=1)
     leaving = guarded("e", "strict")
     leaving["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
-    verdicts = guard.observe(report({"e": 12 * GIB}), {"e": leaving}, POLICIES)
+    verdicts = guard.observe(report({"e": 12 * GIB}), {"e": leaving}, POLICIES, NAMESPACES)
     assert [v.kind for v in verdicts] == ["event"]
 
 
 def test_guard_action_defaults_to_warn() -> None:
-    assert guard_action(pod("x", "x"), POLICIES) == "warn"
-    assert guard_action(guarded("x", "strict"), POLICIES) == "evict"
+    assert guard_action(pod("x", "x", namespace="plain"), POLICIES, NAMESPACES) == "warn"
+    assert guard_action(guarded("x", "no-such-policy"), POLICIES, NAMESPACES) == "warn"
+    assert guard_action(guarded("x", "strict"), POLICIES, NAMESPACES) == "evict"
     with pytest.raises(ValueError, match="grace"):
         Guard(grace=0)
+
+
+def patched(uid: str, namespace_policy: str, annotated: str) -> dict[str, Any]:
+    """A pod whose tenant (role ``edit``) rewrote the policy annotation after admission."""
+    tampered = guarded(uid, namespace_policy)
+    tampered["metadata"]["annotations"][names.ANNOTATION_POLICY] = annotated
+    return tampered
+
+
+def test_a_patched_policy_annotation_does_not_switch_the_guard_off() -> None:
+    # Issue 7: "changing headroom.dev/policy on a pod switches the guard off".
+    guard = Guard(grace=1)
+    pods = {"e": patched("e", "strict", annotated="lax")}
+    verdicts = guard.observe(report({"e": 12 * GIB}), pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts] == ["event", "evict"]
+    assert "policy guard is evict" in verdicts[0].message
+
+
+def test_the_namespace_decides_even_against_a_stricter_annotation() -> None:
+    # The annotation is the tenant's to write, so it says nothing about the admin's
+    # intent: a namespace relabelled to a laxer policy applies to its running pods.
+    guard = Guard(grace=1)
+    pods = {"w": patched("w", "std", annotated="strict")}
+    verdicts = guard.observe(report({"w": 12 * GIB}), pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts] == ["event"]
+    relabelled = NAMESPACES | {"ns-std": namespace("ns-std", "lax")}
+    pods = {"o": patched("o", "std", annotated="strict")}
+    assert guard.observe(report({"o": 12 * GIB}), pods, POLICIES, relabelled) == []
+
+
+def test_a_namespace_not_yet_seen_defers_the_verdict_never_weakens_it() -> None:
+    # Before the namespace informer has listed, the policy is unknown: acting as
+    # warn could be weaker than the namespace's evict, so the guard waits.
+    guard = Guard(grace=2)
+    pods = {"e": patched("e", "strict", annotated="lax")}
+    over = report({"e": 12 * GIB})
+    assert guard.observe(over, pods, POLICIES, {}) == []
+    assert guard.observe(over, pods, POLICIES, {}) == []
+    kinds = [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)]
+    assert kinds == ["event", "evict"]  # the streak kept counting meanwhile
+    assert guard_action(pods["e"], POLICIES, {}) is None
 
 
 async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
@@ -169,7 +232,7 @@ async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
         {"pattern": "leak", "base": "1Gi", "ratePerMinute": "6Gi"}
     )
     leaky["status"]["startTime"] = "2025-01-01T00:00:00Z"
-    pods = {"ml/nb": leaky}
+    pods = {"ns-strict/nb": leaky}
     actions = ActionsDouble(refuse_evictions=1)
     agent = Agent(
         node_name="gpu-node-1",
@@ -181,6 +244,7 @@ async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
         actions=actions,
         pods=lambda: pods,
         policies=lambda: POLICIES,
+        namespaces=lambda: NAMESPACES,
         clock=clock.now,
     )
     for _ in range(10):  # 4 GiB is passed at t = 30 s; ticks every 5 s
@@ -188,10 +252,10 @@ async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
         clock.advance(5)
     assert len(actions.events) == 1
     where, uid, reason, message = actions.events[0]
-    assert (where, uid, reason) == ("ml/nb", "nb", names.EVENT_REASON_OVER_MEMORY)
+    assert (where, uid, reason) == ("ns-strict/nb", "nb", names.EVENT_REASON_OVER_MEMORY)
     assert "evicting" in message
     # t=35 s over, t=40 s confirmed: evicted, refused by a PDB, retried on the next tick.
-    assert actions.evictions == [("ml", "nb", "nb"), ("ml", "nb", "nb")]
+    assert actions.evictions == [("ns-strict", "nb", "nb"), ("ns-strict", "nb", "nb")]
     rendered = agent.metrics.render().decode()
     assert 'headroom_agent_guard_actions_total{kind="evict-refused"} 1.0' in rendered
     assert 'headroom_agent_guard_actions_total{kind="evict"} 1.0' in rendered
