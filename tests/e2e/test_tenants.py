@@ -152,6 +152,40 @@ def test_an_unlabelled_namespace_cannot_ask_for_shared_slots(
     assert code == 0, out
 
 
+def test_gpu_memory_without_a_shared_slot_is_refused(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # headroom.dev/gpu-memory alone (or beside a MIG slice or a whole GPU) is backed by
+    # no GPU slot, yet would take the node's advertised GPU memory from shared pods.
+    rule = "declares headroom.dev/gpu-memory without asking for nvidia.com/gpu.shared"
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    stray = shared_pod(ns, "stray")
+    stray["spec"]["containers"][0]["resources"]["limits"] = {names.GPU_MEMORY: "8Gi"}
+    code, out = create(cluster, stray, f"--as={TENANT}")
+    assert code != 0, out
+    assert f'container "main" {rule}' in out, out
+
+    # Beside a MIG slice: the webhook declares memory for shared slots only.
+    mig_ns = namespace("gpu-mig")
+    tenant_of(cluster, mig_ns)
+    slice_pod = shared_pod(mig_ns, "slice")
+    slice_pod["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/mig-1g.5gb": "1",
+        names.GPU_MEMORY: "4Gi",
+    }
+    code, out = create(cluster, slice_pod, f"--as={TENANT}")
+    assert code != 0, out
+    assert rule in out, out
+
+    # A namespace an admin exempted is left alone, as for every shared-GPU rule.
+    exempt = namespace("gpu-shared")
+    cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
+    stray["metadata"]["namespace"] = exempt
+    code, out = create(cluster, stray)
+    assert code == 0, out
+
+
 def test_quota_on_gpu_memory_and_a_warning_for_a_bypassed_gpu_quota(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:
