@@ -1,4 +1,4 @@
-"""Faults never raise headroom (issue 7): stale, unavailable, deleted and forged reports."""
+"""Faults never raise headroom (issue 7): stale, unavailable, failing, forged reports."""
 
 from datetime import timedelta
 from typing import Any
@@ -72,51 +72,101 @@ def test_a_phantom_gpu_cannot_take_pods_off_the_real_one() -> None:
     assert [gpu.index for gpu in account.gpus] == [0]
 
 
-Report = tuple[str, int, int, int]
-"""(kind, pod usage GiB, unattributed GiB, total GiB) with kind fresh|stale|unavailable|gone."""
+Reading = tuple[int, int, bool]
+"""One GPU in one report: (its pod's usage GiB, unattributed GiB, NVML error)."""
+Report = tuple[str, tuple[Reading, Reading], int, int | None, int]
+"""(kind, GPU 0 and GPU 1, total GiB, phantom GPU index or None, seconds before it),
+kind fresh|stale|unavailable|gone."""
 
+readings = st.tuples(st.integers(0, 40), st.integers(0, 8), st.booleans())
 reports = st.lists(
     st.tuples(
         st.sampled_from(["fresh", "stale", "unavailable", "gone"]),
-        st.integers(0, 40),
-        st.integers(0, 8),
+        st.tuples(readings, readings),
+        # Forged totals: above the label (40 GiB) are not trusted; below it are believed.
         st.sampled_from([16, 40, 80, 1024]),
+        # Forged GPUs: an index beyond nvidia.com/gpu.count=2, holding both pods.
+        st.one_of(st.none(), st.integers(2, 7)),
+        st.integers(0, 60),
     ),
     min_size=1,
     max_size=8,
 )
 
 
-@given(reports, st.integers(1, 20), st.integers(0, 120))
+def forged_or_failing(
+    obj: dict[str, Any], errors: tuple[bool, bool], phantom: int | None, uids: list[str]
+) -> dict[str, Any]:
+    """``obj`` with NVML failing on the GPUs ``errors`` marks (zero figures, as the
+    agent writes them) and, with ``phantom``, a GPU the node does not have that
+    claims to hold both pods."""
+    status = parse_report(obj)
+    gpus = [
+        g.model_copy(
+            update={"error": "NVMLError_Unknown", "pods": [], "unattributed_bytes": 0,
+                    "used_bytes": 0}
+        )
+        if errors[g.index]
+        else g
+        for g in status.gpus
+    ]  # fmt: skip
+    if phantom is not None:
+        fake = parse_report(gpu_report(status.node_name, {phantom: dict.fromkeys(uids, GIB)}))
+        gpus += fake.gpus
+    return report_object(status.model_copy(update={"gpus": gpus}))
+
+
+@given(reports, st.integers(1, 20), st.integers(1, 20), st.integers(0, 120))
 def test_no_sequence_of_reports_raises_headroom_above_the_last_observation(
-    sequence: list[Report], declared_gib: int, wait: int
+    sequence: list[Report], declared0: int, declared1: int, wait: int
 ) -> None:
-    """Oracle: label total - margin - max(declared, last good usage) - last good unattributed."""
-    pod = gpu_pod("p", node="gpu-a", declared=f"{declared_gib}Gi")
-    state, clock = state_with(gpu_node("gpu-a"), pod)
-    last_usage, last_unattributed = 0, 0
-    for kind, usage, spare, total in sequence:
+    """Oracle, per GPU: label total - margin - max(declared, last good usage) - last good
+    unattributed, where a GPU's last good reading is the last fresh report that read it
+    without an NVML error. Checked after every report, as filter would read it."""
+    pods = [
+        gpu_pod("p0", node="gpu-a", declared=f"{declared0}Gi"),
+        gpu_pod("p1", node="gpu-a", declared=f"{declared1}Gi"),
+    ]
+    uids = [uid_of(pod) for pod in pods]
+    declared = [declared0, declared1]
+    state, clock = state_with(gpu_node("gpu-a", gpus=2), *pods)
+    last = [(0, 0), (0, 0)]  # per GPU: (its pod's usage, unattributed) last read well
+
+    def check() -> None:
+        state.refresh(state.clock())
+        account = state.account("gpu-a")
+        assert account is not None
+        # A phantom GPU never appears, and a failing one never blanks the node.
+        assert [gpu.index for gpu in account.gpus] == [0, 1]
+        for gpu in account.gpus:
+            usage, spare = last[gpu.index]
+            held = max(declared[gpu.index], usage) + spare
+            assert gpu.headroom <= 40 * GIB - MARGIN - held * GIB, (gpu.index, account.note)
+
+    for kind, gpus, total, phantom, gap in sequence:
+        clock.now += gap
         if kind == "gone":
             state.on_report("DELETED", gpu_report("gpu-a", {}))
-            continue
-        if kind == "unavailable":
+        elif kind == "unavailable":
             state.on_report("MODIFIED", unavailable("gpu-a"))
-            continue
-        age = 0.0 if kind == "fresh" else 200.0
-        report = gpu_report(
-            "gpu-a",
-            {0: {uid_of(pod): usage * GIB}},
-            unattributed={0: spare * GIB},
-            total_mib=total * 1024,
-            at=EPOCH + timedelta(seconds=clock.now - Clock().now),
-            age=age,
-        )
-        state.on_report("MODIFIED", report)
-        if kind == "fresh":
-            last_usage, last_unattributed = usage, spare
+        else:
+            report = gpu_report(
+                "gpu-a",
+                {i: {uids[i]: usage * GIB} for i, (usage, _, _) in enumerate(gpus)},
+                unattributed={i: spare * GIB for i, (_, spare, _) in enumerate(gpus)},
+                total_mib=total * 1024,
+                at=EPOCH + timedelta(seconds=clock.now - Clock().now),
+                age=0.0 if kind == "fresh" else 200.0,
+            )
+            errors = (gpus[0][2], gpus[1][2])
+            state.on_report("MODIFIED", forged_or_failing(report, errors, phantom, uids))
+            if kind == "fresh":
+                for i, (usage, spare, error) in enumerate(gpus):
+                    if not error:
+                        last[i] = (usage, spare)
+        check()
     clock.now += wait
-    oracle = 40 * GIB - MARGIN - max(declared_gib, last_usage) * GIB - last_unattributed * GIB
-    assert headroom(state) <= oracle
+    check()
 
 
 def failing_gpu(obj: dict[str, Any], index: int) -> dict[str, Any]:
