@@ -119,10 +119,18 @@ class ClusterState:
             else:
                 old = self.reports.get(name)
                 self.reports[name] = report
-                if measured(report, now=self.clock(), stale_after=self.stale_after):
+                now = self.clock()
+                fresh = measured(report, now=now, stale_after=self.stale_after)
+                if fresh:
                     self.last_good[name] = _keep_failed_gpus(report, self.last_good.get(name))
                 if old is not None and self._heartbeat(name, old, report):
                     return
+                if fresh and (
+                    old is None
+                    or not measured(old, now=now, stale_after=self.stale_after)
+                    or _usage_fell(old, report)
+                ):
+                    self.on_room(name)
         self._touch(name)
 
     def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -388,6 +396,12 @@ def _pod_key(obj: Mapping[str, Any]) -> str:
     if not isinstance(metadata, Mapping):
         return "?"
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def _usage_fell(old: ReportStatus, new: ReportStatus) -> bool:
+    """Whether some GPU holds less in ``new`` than in ``old``: a pod freed memory or left."""
+    before = {gpu.index: gpu.used_bytes for gpu in old.gpus}
+    return any(gpu.used_bytes < before.get(gpu.index, 0) for gpu in new.gpus)
 
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:

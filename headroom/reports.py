@@ -52,9 +52,9 @@ class GPUUsage(_Model):
     mig_devices: list[MigDeviceUsage] = Field(default_factory=list)
     pods: list[PodUsage] = Field(default_factory=list)
     unattributed_bytes: int = Field(default=0, ge=0)
+    """Memory NVML sees in use that belongs to no pod the agent knows."""
     error: str = ""
     """Why NVML could not read this GPU; its figures are then not measurements."""
-    """Memory NVML sees in use that belongs to no pod the agent knows."""
 
 
 class Condition(_Model):

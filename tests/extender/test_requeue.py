@@ -4,7 +4,7 @@ import asyncio
 
 from extender.requeue import RoomNotifier
 from extender.state import ClusterState
-from tests.extender.objects import gpu_node, gpu_pod
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report
 
 
 async def test_room_is_stamped_once_per_burst_of_events() -> None:
@@ -39,3 +39,25 @@ def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
     assert state.assume(claim, "gpu-a").fits
     state.forget(claim.uid)
     assert rooms == ["gpu-a", "gpu-a"]
+
+
+def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
+    # The memory of a deleted pod (a preemption victim) is released when the
+    # agent's next report says so, after the pod's deletion was seen: without
+    # this the preemptor waited for kube-scheduler's 5-minute flush.
+    now = EPOCH.timestamp()
+    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": 18 * GIB, "u2": 10 * GIB}}))
+    assert rooms == ["gpu-a"]  # the first measured figures may show room
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 18 * GIB, "u2": 10 * GIB}}))
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 19 * GIB, "u2": 10 * GIB}}))
+    assert rooms == []  # a heartbeat and a rise are not room
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u2": 10 * GIB}}))
+    assert rooms == ["gpu-a"]
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u2": 10 * GIB}}, age=600))
+    assert rooms == []  # a stale report frees nothing
