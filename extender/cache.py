@@ -2,7 +2,10 @@
 
 Pods are watched cluster-wide minus terminated ones (a field selector, so a
 pod that finishes arrives as DELETED); the state keeps only GPU pods. The
-extender is ready once every watch has listed once.
+extender is ready once every watch has listed once. PodDisruptionBudgets are
+watched for the ``preempt`` verb only, and outside readiness: without them
+preemption keeps kube-scheduler's own PDB count (extender.preemption), while a
+blind node, pod or report watch could over-commit.
 """
 
 import functools
@@ -14,7 +17,7 @@ from kubernetes import client
 from extender.capacity import CapacityAdvertiser
 from extender.state import ClusterState
 from headroom import names
-from kube.informer import Informer
+from kube.informer import Handler, Informer
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 BLIND_LIMIT_SECONDS = 15.0
@@ -29,6 +32,7 @@ class Caches:
         api: client.ApiClient,
         state: ClusterState,
         advertiser: CapacityAdvertiser | None = None,
+        budgets: Handler | None = None,
     ) -> None:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
@@ -57,13 +61,23 @@ class Caches:
                 on_resync=state.on_resync,
             ),
         )
+        self.extra: tuple[Informer, ...] = ()
+        if budgets is not None:
+            policy = client.PolicyV1Api(api)
+            self.extra = (
+                Informer(
+                    policy.list_pod_disruption_budget_for_all_namespaces,
+                    name="poddisruptionbudgets",
+                    handler=budgets,
+                ),
+            )
 
     def start(self) -> None:
-        for informer in self.informers:
+        for informer in (*self.informers, *self.extra):
             informer.start()
 
     def stop(self) -> None:
-        for informer in self.informers:
+        for informer in (*self.informers, *self.extra):
             informer.stop()
 
     def ready(self) -> bool:

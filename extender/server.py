@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel
 
+from extender.preemption import PreemptionError
 from extender.verbs import CandidateError, Extender
 from extender.wire import (
     BadShape,
@@ -26,6 +27,7 @@ from extender.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
     NotJSON,
     parse,
 )
@@ -133,6 +135,16 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
         result = await extender.bind(args)
         return _model(result), "refused" if result.Error else "ok"
 
+    async def preempt(body: bytes) -> Answered:
+        try:
+            result = extender.preempt(parse(ExtenderPreemptionArgs, body))
+        except NotJSON as err:
+            return _error(str(err), 400), "not-json"
+        except (BadShape, PreemptionError) as err:
+            # The result has no Error field: a non-200 status is the only way to say it.
+            return _error(f"ExtenderPreemptionArgs: {err}", 400), "bad-request"
+        return _model(result), "ok" if result.NodeNameToMetaVictims else "no-victims"
+
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -153,6 +165,7 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
     app.router.add_post("/filter", verb("filter", filter_))
     app.router.add_post("/prioritize", verb("prioritize", prioritize, has_error=False))
     app.router.add_post("/bind", verb("bind", bind))
+    app.router.add_post("/preempt", verb("preempt", preempt, has_error=False))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

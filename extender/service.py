@@ -12,6 +12,7 @@ from extender.binding import CONCURRENCY, ApiCalls, api_binder, api_reader
 from extender.cache import Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
+from extender.preemption import Budgets
 from extender.requeue import RoomNotifier, api_stamper
 from extender.server import make_app
 from extender.state import ClusterState
@@ -72,7 +73,8 @@ async def serve(settings: Settings) -> None:
         else None
     )
     state.on_room = RoomNotifier(api_stamper(api)).room
-    caches = Caches(api, state, advertiser)
+    budgets = Budgets()
+    caches = Caches(api, state, advertiser, budgets=budgets.on_event)
     caches.start()
     calls = ApiCalls(api_client(settings.kubeconfig, pool=CONCURRENCY))
     extender = Extender(
@@ -81,6 +83,7 @@ async def serve(settings: Settings) -> None:
         ready=caches.ready,
         reader=api_reader(calls),
         scheduler_name=settings.scheduler_name,
+        budgets=budgets,
     )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()

@@ -8,10 +8,11 @@ or being bound, and holds the pod on the node before it awaits the apiserver).
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.preemption import preempt
 from extender.state import ClusterState
 from extender.verdicts import UNKNOWN_NODE
 from extender.wire import (
@@ -19,10 +20,13 @@ from extender.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
     host_priority_item,
     json_array,
 )
 from headroom.claims import PodClaim, parse_claim
+from headroom.disruption import Budget
 from headroom.names import HEADROOM_SCHEDULER
 from headroom.placement import Fit, fit, score
 from headroom.podspec import PodError
@@ -86,12 +90,15 @@ class Extender:
         *,
         reader: Reader = _no_reader,
         scheduler_name: str = HEADROOM_SCHEDULER,
+        budgets: Mapping[str, Budget] | None = None,
     ) -> None:
         self.state = state
         self.binder = binder
         self.ready = ready
         self.reader = reader
         self.scheduler_name = scheduler_name
+        self.budgets: Mapping[str, Budget] = {} if budgets is None else budgets
+        """PodDisruptionBudgets by namespace/name (extender.preemption.Budgets)."""
         self.in_flight: Counter[str] = Counter()
         """UID -> binds of it awaiting the apiserver: no read releases such a pod."""
 
@@ -166,6 +173,17 @@ class Extender:
             host_priority_item(name, 0 if (a := accounts.get(name)) is None else score(a, claim))
             for name in names
         )
+
+    # --- preempt ------------------------------------------------------------
+
+    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        """kube-scheduler's candidate nodes, kept only where victims free a GPU (raises
+        PreemptionError for a request it cannot use)."""
+        if not self.ready():
+            # Blind caches could name too few victims; no node is safer than a wrong one.
+            return ExtenderPreemptionResult()
+        self.state.prepare(self.state.clock())
+        return preempt(args, self.state, self.budgets)
 
     # --- bind ---------------------------------------------------------------
 

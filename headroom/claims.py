@@ -59,6 +59,12 @@ class PodClaim:
     """``spec.schedulerName`` (the apiserver defaults it to ``default-scheduler``)."""
     terminated: bool = False
     problem: str = ""
+    priority: int = 0
+    """``spec.priority``, which the apiserver sets from the pod's PriorityClass."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """For PodDisruptionBudgets when the pod may be a preemption victim."""
+    nominated: str = ""
+    """``status.nominatedNodeName``: where kube-scheduler's preemption made room for it."""
 
     @property
     def key(self) -> str:
@@ -97,6 +103,12 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
     scheduler = spec.get("schedulerName") or names.DEFAULT_SCHEDULER
     if not isinstance(scheduler, str):
         raise PodError("spec.schedulerName: expected a string")
+    priority = spec.get("priority") or 0
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise PodError("spec.priority: expected an integer")
+    nominated = status.get("nominatedNodeName") or ""
+    if not isinstance(nominated, str):
+        raise PodError("status.nominatedNodeName: expected a string")
 
     app: dict[str, int] = {}
     init: dict[str, int] = {}
@@ -143,6 +155,9 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
         scheduler=scheduler,
         terminated=status.get("phase") in TERMINATED_PHASES,
         problem=problem,
+        priority=priority,
+        labels=string_map(metadata, "labels", "metadata.labels"),
+        nominated=nominated,
     )
 
 

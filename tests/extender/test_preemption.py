@@ -2,10 +2,16 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from extender.preemption import Budgets
 from extender.wire import BadShape, ExtenderPreemptionArgs, ExtenderPreemptionResult, parse
+from headroom.disruption import parse_budget
+from tests.extender.conftest import Harness
+from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.test_server import post
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "extender"
 
@@ -40,3 +46,167 @@ def test_the_result_serialises_with_go_field_names() -> None:
     assert json.loads(result.model_dump_json()) == {
         "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 0}}
     }
+
+
+# --- the verb, over the extender's own accounting ------------------------------
+
+HIGH = 100000
+
+
+def resident(
+    name: str, node: str, declared: str, *, priority: int = 0, app: str | None = None
+) -> dict[str, Any]:
+    pod = gpu_pod(name, node=node, declared=declared, phase="Running")
+    pod["spec"]["priority"] = priority
+    pod["metadata"]["labels"] = {"app": app or name}
+    return pod
+
+
+def preemptor(declared: str = "16Gi", *, mig: str | None = None) -> dict[str, Any]:
+    pod = gpu_pod("urgent", declared=declared, mig=mig)
+    pod["spec"]["priority"] = HIGH
+    return pod
+
+
+def keep_budget(h: Harness, app: str = "keep", allowed: int = 0) -> None:
+    budgets: Any = h.extender.budgets
+    budgets[f"research/{app}"] = parse_budget(
+        {
+            "metadata": {"name": app, "namespace": "research"},
+            "spec": {"selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": allowed},
+        }
+    )
+
+
+def ask(pod: dict[str, Any], proposed: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        "Pod": pod,
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": 0}
+            for node, uids in proposed.items()
+        },
+    }
+
+
+@pytest.fixture
+def budgets_harness(harness: Harness) -> Harness:
+    harness.extender.budgets = Budgets()
+    return harness
+
+
+async def test_victims_freed_by_declaration_are_topped_up_by_measured_memory(
+    budgets_harness: Harness,
+) -> None:
+    # The e2e case: kube-scheduler frees 10Gi declared (plain), but leaky holds
+    # 18Gi measured, so the GPU would still have 11.5 GiB: the verb adds leaky
+    # and spares keep, whose PodDisruptionBudget allows no disruption.
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    keep = resident("keep", "gpu-a", "10Gi")
+    leaky = resident("leaky", "gpu-a", "10Gi", priority=10)
+    plain = resident("plain", "gpu-a", "10Gi")
+    for pod in (keep, leaky, plain):
+        h.state.on_pod("ADDED", pod)
+    used = {uid_of(keep): 10 * GIB, uid_of(leaky): 18 * GIB, uid_of(plain): 10 * GIB}
+    h.state.on_report("ADDED", gpu_report("gpu-a", {0: used}))
+    keep_budget(h)
+    status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(plain)]}))
+    assert status == 200, result
+    victims = result["NodeNameToMetaVictims"]["gpu-a"]
+    assert [p["UID"] for p in victims["Pods"]] == [uid_of(plain), uid_of(leaky)]
+    assert victims["NumPDBViolations"] == 0
+
+
+async def test_victims_spread_over_gpus_are_completed_so_every_gpu_fits(
+    budgets_harness: Harness,
+) -> None:
+    # Two GPUs full of 20Gi pods. Located pods (the report places them) free only
+    # their own GPU: the device plugin picks the GPU, so every GPU must fit.
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    pods = [resident(f"p{i}", "gpu-a", "19Gi", priority=i) for i in range(4)]
+    for pod in pods:
+        h.state.on_pod("ADDED", pod)
+    usage = {0: {uid_of(pods[0]): GIB, uid_of(pods[1]): GIB},
+             1: {uid_of(pods[2]): GIB, uid_of(pods[3]): GIB}}  # fmt: skip
+    h.state.on_report("ADDED", gpu_report("gpu-a", usage))
+    status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(pods[1])]}))
+    assert status == 200, result
+    chosen = [p["UID"] for p in result["NodeNameToMetaVictims"]["gpu-a"]["Pods"]]
+    assert chosen == [uid_of(pods[1]), uid_of(pods[2])]  # p1 given, p2 the lowest on GPU 1
+
+
+async def test_a_node_no_victims_can_free_is_dropped_not_answered_empty(
+    budgets_harness: Harness,
+) -> None:
+    # kube-scheduler stops its whole preemption on an empty victim list from a
+    # non-ignorable extender, so an unfreeable node must be left out.
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    h.state.on_node("ADDED", gpu_node("gpu-b"))
+    mighty = resident("mighty", "gpu-a", "30Gi", priority=HIGH + 1)
+    low_a = resident("low-a", "gpu-a", "5Gi")
+    low_b = resident("low-b", "gpu-b", "30Gi")
+    for pod in (mighty, low_a, low_b):
+        h.state.on_pod("ADDED", pod)
+    proposed = {"gpu-a": [uid_of(low_a)], "gpu-b": [uid_of(low_b)]}
+    status, result = await post(h, "preempt", ask(preemptor(), proposed))
+    assert status == 200, result
+    assert list(result["NodeNameToMetaVictims"]) == ["gpu-b"]
+
+
+async def test_a_protected_pod_is_taken_only_when_nothing_else_frees_the_gpu(
+    budgets_harness: Harness,
+) -> None:
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    keep = resident("keep", "gpu-a", "30Gi")
+    small = resident("small", "gpu-a", "5Gi")
+    for pod in (keep, small):
+        h.state.on_pod("ADDED", pod)
+    keep_budget(h)
+    status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(small)]}))
+    assert status == 200, result
+    victims = result["NodeNameToMetaVictims"]["gpu-a"]
+    assert [p["UID"] for p in victims["Pods"]] == [uid_of(small), uid_of(keep)]
+    assert victims["NumPDBViolations"] == 1
+
+
+async def test_a_mig_preemptor_keeps_kube_schedulers_victims(budgets_harness: Harness) -> None:
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("mig-a", mig={"1g.5gb": 7}))
+    proposed = {"mig-a": ["u1", "u2"]}
+    status, result = await post(h, "preempt", ask(preemptor(mig="1g.5gb"), proposed))
+    assert status == 200, result
+    assert [p["UID"] for p in result["NodeNameToMetaVictims"]["mig-a"]["Pods"]] == ["u1", "u2"]
+
+
+async def test_not_ready_offers_no_node(budgets_harness: Harness) -> None:
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    plain = resident("plain", "gpu-a", "30Gi")
+    h.state.on_pod("ADDED", plain)
+    h.ready[0] = False
+    status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(plain)]}))
+    assert (status, result) == (200, {"NodeNameToMetaVictims": {}})
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"NodeNameToMetaVictims": {}}, "Pod: missing"),
+        ({"Pod": {"spec": {"priority": "high"}}, "NodeNameToMetaVictims": {}}, "spec.priority"),
+        ({"Pod": {}}, "both null"),
+        (
+            {"Pod": {}, "NodeNameToVictims": {"n1": {"Pods": [{"metadata": {}}]}}},
+            "NodeNameToVictims.n1.Pods.0.metadata.uid",
+        ),
+    ],
+)
+async def test_a_request_it_cannot_use_is_a_400_naming_the_field(
+    budgets_harness: Harness, body: dict[str, Any], field: str
+) -> None:
+    status, result = await post(budgets_harness, "preempt", body)
+    assert status == 400, result
+    assert field in result["Error"], result

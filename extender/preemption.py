@@ -1,0 +1,169 @@
+"""The ``preempt`` verb: make kube-scheduler's victims right per GPU.
+
+kube-scheduler runs preemption itself (DefaultPreemption, PostFilter): for each
+node where removing lower-priority pods would let the preemptor pass its own
+filter plugins, it picks victims, then hands every such candidate node and its
+victims to each extender with a ``preemptVerb`` (``callExtenders`` in
+pkg/scheduler/framework/preemption/preemption.go). The extender answers the
+nodes it keeps, each with the victims it wants; kube-scheduler then picks one
+node by its usual rules (fewest PodDisruptionBudget violations, lowest
+priorities, fewest victims), deletes those victims gracefully with a
+``Preempted`` Event on each, and nominates the preemptor to the node.
+
+kube-scheduler's victims free enough of the node-level ``headroom.dev/gpu-memory``
+(and ``nvidia.com/gpu.shared`` slots) but know nothing of GPUs: on a node with
+several GPUs they may be spread so no single GPU has room, and they ignore
+memory the node agent measured above declarations. Here, per node:
+
+- kube-scheduler's victims are kept (they are what makes the node-level
+  resources fit, and more victims never undo that);
+- with them gone, :func:`headroom.preemption.victims_on_node` adds the fewest,
+  lowest-priority pods, those no PodDisruptionBudget protects first, so that
+  every shared GPU of the node fits the preemptor by the extender's own
+  accounting (charged memory, observations, unattributed usage);
+- the result is checked by the filter's rule on the node's account with every
+  victim's charge freed; a node that cannot be freed is dropped (an empty victim list is an
+  error to kube-scheduler and would stop its preemption for every node);
+- ``NumPDBViolations`` is recounted over the final set as kube-scheduler does.
+
+A MIG preemptor keeps kube-scheduler's answer: MIG slices are whole extended
+resources kube-scheduler counts exactly.
+"""
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from extender.state import ClusterState
+from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from headroom.claims import PodClaim, parse_claim
+from headroom.disruption import Budget, Evictee, parse_budget, protected, violations
+from headroom.podspec import PodError
+from headroom.preemption import GPURoom, Resident, victims_on_node
+
+log = logging.getLogger(__name__)
+
+
+class Budgets(dict[str, Budget]):
+    """PodDisruptionBudgets by ``namespace/name``, fed by the extender's PDB watch."""
+
+    def on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        metadata = obj.get("metadata")
+        if not isinstance(metadata, Mapping):
+            return
+        key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+        if kind == "DELETED":
+            self.pop(key, None)
+            return
+        try:
+            self[key] = parse_budget(obj)
+        except PodError as err:
+            # Unreadable: counts as protecting nothing here, as kube-scheduler
+            # skips a PDB whose selector it cannot parse.
+            log.warning("PodDisruptionBudget %s ignored: %s", key, err)
+            self.pop(key, None)
+
+
+class PreemptionError(ValueError):
+    """The request cannot be used; the message names the field."""
+
+
+def preempt(
+    args: ExtenderPreemptionArgs, state: ClusterState, budgets: Mapping[str, Budget]
+) -> ExtenderPreemptionResult:
+    if args.Pod is None:
+        raise PreemptionError("Pod: missing (null)")
+    try:
+        preemptor = parse_claim(args.Pod)
+    except PodError as err:
+        raise PreemptionError(f"Pod.{err}") from err
+    proposed, counted = _proposed(args)
+    kept: dict[str, MetaVictims] = {}
+    pdbs = list(budgets.values())
+    for node, uids in proposed.items():
+        victims = _victims(preemptor, node, uids, state, pdbs)
+        if victims:
+            evictees = [_evictee(state, uid) for uid in victims]
+            kept[node] = MetaVictims(
+                Pods=[MetaPod(UID=uid) for uid in victims],
+                # A superset of kube-scheduler's victims violates at least what they
+                # did; its count also covers victims this cache does not hold.
+                NumPDBViolations=max(violations(evictees, pdbs), counted.get(node, 0)),
+            )
+        else:
+            log.info(
+                "preemption of %s: node %s dropped, no victims free a GPU", preemptor.key, node
+            )
+    return ExtenderPreemptionResult(NodeNameToMetaVictims=kept)
+
+
+def _victims(
+    preemptor: PodClaim, node: str, given: list[str], state: ClusterState, pdbs: list[Budget]
+) -> list[str]:
+    """The victims on ``node`` (kube-scheduler's first), or [] to drop the node."""
+    if not preemptor.shared or preemptor.mig or preemptor.legacy or preemptor.problem:
+        return given
+    account = state.account(node)
+    if account is None:
+        return []
+    gone = set(given)
+    rooms = []
+    for gpu in account.gpus:
+        if not gpu.shared:
+            continue
+        freed = sum(c.charged for c in gpu.pods if c.uid in gone)
+        residents = tuple(
+            Resident(c.uid, claim.priority, c.charged, protected(_evictee(state, c.uid), pdbs))
+            for c in gpu.pods
+            if c.known and c.uid not in gone and (claim := state.pods.get(c.uid)) is not None
+        )
+        rooms.append(GPURoom(str(gpu.index), gpu.headroom + freed, residents))
+    if not rooms:
+        return []
+    more = victims_on_node(preemptor.need, preemptor.priority, rooms)
+    if more is None:
+        return []
+    victims = given + [pod.uid for pod in more.pods if pod.uid not in gone]
+    # The filter's rule, on the figures with every victim's charge freed: each
+    # shared GPU (the tightest decides) must fit the preemptor's declaration.
+    chosen = set(victims)
+    for gpu in account.gpus:
+        freed = sum(c.charged for c in gpu.pods if c.uid in chosen)
+        if gpu.shared and gpu.headroom + freed < preemptor.need:
+            return []
+    return victims
+
+
+def _proposed(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Node -> victim UIDs and node -> PDB violations, as kube-scheduler proposed them."""
+    if args.NodeNameToMetaVictims is not None:
+        meta = {node: v for node, v in args.NodeNameToMetaVictims.items() if v is not None}
+        return (
+            {node: [pod.UID for pod in v.Pods] for node, v in meta.items()},
+            {node: v.NumPDBViolations for node, v in meta.items()},
+        )
+    if args.NodeNameToVictims is not None:
+        proposed, counted = {}, {}
+        for node, whole in args.NodeNameToVictims.items():
+            if whole is None:
+                continue
+            counted[node] = whole.NumPDBViolations
+            uids = []
+            for i, pod in enumerate(whole.Pods):
+                metadata = pod.get("metadata")
+                uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+                if not isinstance(uid, str) or not uid:
+                    raise PreemptionError(
+                        f"NodeNameToVictims.{node}.Pods.{i}.metadata.uid: missing"
+                    )
+                uids.append(uid)
+            proposed[node] = uids
+        return proposed, counted
+    raise PreemptionError("NodeNameToMetaVictims and NodeNameToVictims are both null")
+
+
+def _evictee(state: ClusterState, uid: str) -> Evictee:
+    claim = state.pods.get(uid)
+    if claim is None:
+        return Evictee(uid, "", "")
+    return Evictee(uid, claim.namespace, claim.name, claim.labels)
