@@ -30,9 +30,15 @@ A MIG preemptor keeps kube-scheduler's answer: MIG slices are whole extended
 resources kube-scheduler counts exactly.
 """
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
+
+from kubernetes import client
 
 from extender.state import ClusterState
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
@@ -68,8 +74,94 @@ class PreemptionError(ValueError):
     """The request cannot be used; the message names the field."""
 
 
+Recorder = Callable[[PodClaim, str, str], None]
+"""``(pod, reason, message)``: record a Normal Event on the pod; blocking, may raise."""
+EVENT_REASON = "GPUMemoryPreemption"
+COMPONENT = "headroom-extender"
+OFFERS_KEPT = 1000
+
+
+class Offers:
+    """The victims offered per preemptor and node, until kube-scheduler nominates one.
+
+    kube-scheduler's ``Preempted`` Event names the preemptor on each victim, but
+    the preemptor itself gets only its ``FailedScheduling`` fit error. Once the
+    pod watch shows ``status.nominatedNodeName`` on a node the verb offered,
+    this records an Event on the preemptor naming the victims and why.
+    """
+
+    def __init__(self, recorder: Recorder | None = None, limit: int = OFFERS_KEPT) -> None:
+        self.recorder = recorder
+        self.limit = limit
+        self._offers: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self.recorded = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def offer(self, preemptor: PodClaim, node: str, message: str) -> None:
+        self._offers.setdefault(preemptor.uid, {})[node] = message
+        self._offers.move_to_end(preemptor.uid)
+        while len(self._offers) > self.limit:
+            self._offers.popitem(last=False)
+
+    def on_nominated(self, claim: PodClaim) -> None:
+        """Called on the event loop for a pod the watch shows nominated and unbound."""
+        message = self._offers.get(claim.uid, {}).get(claim.nominated)
+        if message is None:
+            return
+        del self._offers[claim.uid]
+        if self.recorder is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._record(claim, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, claim: PodClaim, message: str) -> None:
+        assert self.recorder is not None
+        try:
+            await asyncio.to_thread(self.recorder, claim, EVENT_REASON, message)
+        except Exception as err:  # an Event is information; losing one harms nothing
+            log.info("Event on %s not recorded: %s: %s", claim.key, type(err).__name__, err)
+            return
+        self.recorded += 1
+
+
+def api_recorder(api: client.ApiClient, *, timeout: float = 5.0) -> Recorder:
+    core = client.CoreV1Api(api)
+
+    def record(pod: PodClaim, reason: str, message: str) -> None:
+        now = datetime.now(UTC).isoformat()
+        body: Any = {
+            "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        core.create_namespaced_event(pod.namespace, body, _request_timeout=timeout)
+
+    return record
+
+
 def preempt(
-    args: ExtenderPreemptionArgs, state: ClusterState, budgets: Mapping[str, Budget]
+    args: ExtenderPreemptionArgs,
+    state: ClusterState,
+    budgets: Mapping[str, Budget],
+    offers: Offers | None = None,
 ) -> ExtenderPreemptionResult:
     if args.Pod is None:
         raise PreemptionError("Pod: missing (null)")
@@ -84,6 +176,8 @@ def preempt(
         victims = _victims(preemptor, node, uids, state, pdbs)
         if victims:
             evictees = [_evictee(state, uid) for uid in victims]
+            if offers is not None:
+                offers.offer(preemptor, node, _explain(preemptor, node, victims, state))
             kept[node] = MetaVictims(
                 Pods=[MetaPod(UID=uid) for uid in victims],
                 # A superset of kube-scheduler's victims violates at least what they
@@ -132,6 +226,17 @@ def _victims(
         if gpu.shared and gpu.headroom + freed < preemptor.need:
             return []
     return victims
+
+
+def _explain(preemptor: PodClaim, node: str, victims: list[str], state: ClusterState) -> str:
+    named = []
+    for uid in victims:
+        claim = state.pods.get(uid)
+        named.append(f"{claim.key} (priority {claim.priority})" if claim else uid)
+    return (
+        f"preempting on node {node} so that every shared GPU there has {preemptor.need_text} "
+        f"free for this pod (priority {preemptor.priority}): {', '.join(named)}"
+    )
 
 
 def _proposed(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int]]:

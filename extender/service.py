@@ -12,7 +12,7 @@ from extender.binding import CONCURRENCY, ApiCalls, api_binder, api_reader
 from extender.cache import Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
-from extender.preemption import Budgets
+from extender.preemption import Budgets, Offers, api_recorder
 from extender.requeue import RoomNotifier, api_stamper
 from extender.server import make_app
 from extender.state import ClusterState
@@ -84,6 +84,7 @@ async def serve(settings: Settings) -> None:
         reader=api_reader(calls),
         scheduler_name=settings.scheduler_name,
         budgets=budgets,
+        offers=Offers(api_recorder(api)),
     )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()

@@ -84,10 +84,13 @@ class ClusterState:
         self.bound_at: dict[str, float] = {}
         """UID -> when our bind of it succeeded, until the pod watch shows it bound."""
         self.observe_watch_lag: Callable[[float], None] = lambda seconds: None
+        """Told, per pod, how long the watch took to show a bind we made (a metric)."""
         self.on_room: Callable[[str], None] = lambda node: None
         """Told the node when GPU memory may have freed up there: a pod gone, a charge
-        released (extender.requeue tells kube-scheduler to retry its waiting pods)."""
-        """Told, per pod, how long the watch took to show a bind we made (a metric)."""
+        released, usage fallen (extender.requeue tells kube-scheduler to retry its
+        waiting pods)."""
+        self.on_nominated: Callable[[PodClaim], None] = lambda claim: None
+        """Told each unbound pod the watch shows with ``status.nominatedNodeName``."""
 
     # --- informer events ----------------------------------------------------
 
@@ -146,6 +149,8 @@ class ClusterState:
             return
         self._drop(claim.uid, keep_pending=True)
         self.pods[claim.uid] = claim
+        if claim.nominated and not claim.node:
+            self.on_nominated(claim)
         if claim.node:
             self._on_node.setdefault(claim.node, {})[claim.uid] = claim
             self._touch(claim.node)

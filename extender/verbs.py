@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.preemption import preempt
+from extender.preemption import Offers, preempt
 from extender.state import ClusterState
 from extender.verdicts import UNKNOWN_NODE
 from extender.wire import (
@@ -91,6 +91,7 @@ class Extender:
         reader: Reader = _no_reader,
         scheduler_name: str = HEADROOM_SCHEDULER,
         budgets: Mapping[str, Budget] | None = None,
+        offers: Offers | None = None,
     ) -> None:
         self.state = state
         self.binder = binder
@@ -99,6 +100,8 @@ class Extender:
         self.scheduler_name = scheduler_name
         self.budgets: Mapping[str, Budget] = {} if budgets is None else budgets
         """PodDisruptionBudgets by namespace/name (extender.preemption.Budgets)."""
+        self.offers = offers if offers is not None else Offers()
+        state.on_nominated = self.offers.on_nominated
         self.in_flight: Counter[str] = Counter()
         """UID -> binds of it awaiting the apiserver: no read releases such a pod."""
 
@@ -183,7 +186,7 @@ class Extender:
             # Blind caches could name too few victims; no node is safer than a wrong one.
             return ExtenderPreemptionResult()
         self.state.prepare(self.state.clock())
-        return preempt(args, self.state, self.budgets)
+        return preempt(args, self.state, self.budgets, self.offers)
 
     # --- bind ---------------------------------------------------------------
 

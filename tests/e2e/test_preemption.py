@@ -138,6 +138,16 @@ def test_preemption_frees_one_gpu_by_memory_and_respects_a_pdb(
     preempted = events(cluster, ns, "Preempted")
     assert set(preempted) == {"plain", "leaky"}, preempted
     assert all(NODE in message for message in preempted.values()), preempted
+    # ... and the preemptor is told which pods make room for it, and why.
+    eventually(
+        "a GPUMemoryPreemption Event on urgent",
+        lambda: "urgent" in events(cluster, ns, "GPUMemoryPreemption"),
+        timeout=30,
+    )
+    told = events(cluster, ns, "GPUMemoryPreemption")["urgent"]
+    assert f"{ns}/plain" in told, told
+    assert f"{ns}/leaky" in told, told
+    assert "16.0 GiB" in told, told
     # Nothing over-committed on the GPU by declarations: keep 10 + urgent 16 of 39.5.
     declared = {
         p["metadata"]["name"]: p["spec"]["containers"][0]["resources"]["limits"][names.GPU_MEMORY]

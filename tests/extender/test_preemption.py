@@ -1,5 +1,6 @@
 """The preempt verb's wire shapes, as kube-scheduler 1.34 sends and reads them (issue 7 §4)."""
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,34 @@ async def test_a_request_it_cannot_use_is_a_400_naming_the_field(
     status, result = await post(budgets_harness, "preempt", body)
     assert status == 400, result
     assert field in result["Error"], result
+
+
+async def test_the_preemptor_gets_an_event_once_nominated_to_a_node_offered(
+    budgets_harness: Harness,
+) -> None:
+    h = budgets_harness
+    recorded: list[tuple[str, str, str]] = []
+    h.extender.offers.recorder = lambda pod, reason, message: recorded.append(
+        (pod.name, reason, message)
+    )
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    plain = resident("plain", "gpu-a", "30Gi")
+    h.state.on_pod("ADDED", plain)
+    urgent = preemptor()
+    status, _ = await post(h, "preempt", ask(urgent, {"gpu-a": [uid_of(plain)]}))
+    assert status == 200
+    h.state.on_pod("ADDED", urgent)  # not nominated yet: nothing to say
+    nominated = {**urgent, "status": {**urgent["status"], "nominatedNodeName": "gpu-a"}}
+    h.state.on_pod("MODIFIED", nominated)
+    h.state.on_pod("MODIFIED", nominated)  # said once
+    for _ in range(100):
+        if recorded:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert len(recorded) == 1, recorded
+    name, reason, message = recorded[0]
+    assert (name, reason) == ("urgent", "GPUMemoryPreemption")
+    assert "node gpu-a" in message, message
+    assert "research/plain (priority 0)" in message, message
+    assert "16.0 GiB" in message, message
