@@ -5,7 +5,8 @@ pod that finishes arrives as DELETED); the state keeps only GPU pods. The
 extender is ready once every watch has listed once. PodDisruptionBudgets are
 watched for the ``preempt`` verb only, and outside readiness: without them
 preemption keeps kube-scheduler's own PDB count (extender.preemption), while a
-blind node, pod or report watch could over-commit.
+blind node, pod or report watch could over-commit. The informers keep only
+each object's identity (kube.informer.identity): the state keeps what it uses.
 """
 
 import functools
@@ -17,7 +18,7 @@ from kubernetes import client
 from extender.capacity import CapacityAdvertiser
 from extender.state import ClusterState
 from headroom import names
-from kube.informer import Handler, Informer
+from kube.informer import Handler, Informer, identity
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 BLIND_LIMIT_SECONDS = 15.0
@@ -46,12 +47,19 @@ class Caches:
                 advertiser.on_node(kind, obj)
 
         self.informers = (
-            Informer(core.list_node, name="nodes", handler=on_node, on_resync=state.on_resync),
+            Informer(
+                core.list_node,
+                name="nodes",
+                handler=on_node,
+                on_resync=state.on_resync,
+                keep=identity,
+            ),
             Informer(
                 core.list_pod_for_all_namespaces,
                 name="pods",
                 handler=state.on_pod,
                 on_resync=state.on_resync,
+                keep=identity,
                 field_selector=LIVE_PODS,
             ),
             Informer(
@@ -59,6 +67,7 @@ class Caches:
                 name=names.REPORT_PLURAL,
                 handler=state.on_report,
                 on_resync=state.on_resync,
+                keep=identity,
             ),
         )
         self.extra: tuple[Informer, ...] = ()
@@ -69,6 +78,7 @@ class Caches:
                     policy.list_pod_disruption_budget_for_all_namespaces,
                     name="poddisruptionbudgets",
                     handler=budgets,
+                    keep=identity,
                 ),
             )
 

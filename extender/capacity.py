@@ -66,7 +66,7 @@ class CapacityAdvertiser:
         if kind == "DELETED":
             self._latest.pop(name, None)
             return
-        self._latest[name] = obj
+        self._latest[name] = _slim(obj, name)
         if name not in self._busy and capacity_patch(obj, parse_node(obj), self.margin):
             self._busy.add(name)
             asyncio.get_running_loop().create_task(self._reconcile(name))
@@ -104,6 +104,19 @@ class CapacityAdvertiser:
                 return
         finally:
             self._busy.discard(name)
+
+
+def _slim(node: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What :func:`capacity_patch` reads of a Node: its labels and resources, not its
+    images and managedFields (tens of KiB per node, kept for every node)."""
+    metadata = node.get("metadata")
+    status = node.get("status")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    status = status if isinstance(status, Mapping) else {}
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "status": {k: status[k] for k in ("capacity", "allocatable") if k in status},
+    }
 
 
 def _why(err: Exception) -> str:

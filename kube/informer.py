@@ -27,8 +27,26 @@ Handler = Callable[[str, Object], None]
 
 WATCH_WINDOW_SECONDS = 240
 BACKOFF_MAX_SECONDS = 30.0
+PAGE_SIZE = 500
+"""Objects per list request, as client-go's reflector pages its lists."""
 LIST_TIMEOUT_SECONDS = 60.0
 """A list that takes longer is abandoned and retried: a hung list must not blind the cache."""
+
+
+def identity(obj: Object) -> Object:
+    """Only what the informer itself needs of an object: its key and UID.
+
+    For caches whose handlers keep what they use (the extender's claims, the
+    webhook's parsed policies): an informer keeps every object it has seen, to
+    replay a ``DELETED`` for each one a re-list no longer shows, and a pod as
+    the apiserver sends it (managedFields, images, env, status) is tens of KiB
+    (issue 8: about 27 KiB of heap per pod; 16-18k pods filled a 512Mi
+    extender). The ``DELETED`` replayed after a re-list then carries this
+    stub, which every such handler must read as "gone" by name or UID.
+    """
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    return {"metadata": kept}
 
 
 def object_key(obj: Object) -> str:
@@ -52,8 +70,11 @@ class Informer:
         name: str,
         handler: Handler | None = None,
         on_resync: Callable[[], None] | None = None,
+        keep: Callable[[Object], Object] | None = None,
         **list_kwargs: Any,
     ) -> None:
+        """``keep`` maps each object to what ``items`` stores (default: all of it;
+        :func:`identity` for handlers that keep their own parsed copy)."""
         self.name = name
         self.items: dict[str, Object] = {}
         self.synced = asyncio.Event()
@@ -61,6 +82,7 @@ class Informer:
         self._list_kwargs = list_kwargs
         self._handler = handler
         self._on_resync = on_resync
+        self._keep = keep if keep is not None else (lambda obj: obj)
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -116,14 +138,35 @@ class Informer:
                 self._stopping.wait(delay)
 
     def _relist(self) -> str:
-        response = self._list(
-            _preload_content=False, _request_timeout=LIST_TIMEOUT_SECONDS, **self._list_kwargs
-        )
-        body = json.loads(response.data)
-        objects = {object_key(o): o for o in body.get("items") or []}
-        self._post(self._replace, objects)
-        self.relists += 1
-        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+        """List in pages of :data:`PAGE_SIZE`, each handed to the loop as it comes.
+
+        One unpaged list of 20,000 pods is a few hundred MB of JSON and then of
+        dicts, all alive at once (issue 8); pages keep one page alive. A
+        continue token that expired (410) fails the list, which is retried
+        from the start like any other failure.
+        """
+        seen: set[str] = set()
+        token: str | None = None
+        while True:
+            paging: dict[str, Any] = {"limit": PAGE_SIZE}
+            if token:
+                paging["_continue"] = token
+            response = self._list(
+                _preload_content=False,
+                _request_timeout=LIST_TIMEOUT_SECONDS,
+                **paging,
+                **self._list_kwargs,
+            )
+            body = json.loads(response.data)
+            objects = {object_key(o): o for o in body.get("items") or []}
+            seen.update(objects)
+            self._post(self._page, objects)
+            metadata = body.get("metadata") or {}
+            token = metadata.get("continue") or None
+            if token is None:
+                self._post(self._listed, seen)
+                self.relists += 1
+                return str(metadata.get("resourceVersion", ""))
 
     def _watch(self, version: str) -> None:
         """Watch from ``version`` until an error; a window the server closes
@@ -165,16 +208,23 @@ class Informer:
     # --- on the event loop --------------------------------------------------
 
     def _replace(self, objects: dict[str, Object]) -> None:
-        gone = self.items.keys() - objects.keys()
-        for key in gone:
+        """A whole list at once (one page): what :meth:`_relist` does in pages."""
+        self._page(objects)
+        self._listed(set(objects))
+
+    def _page(self, objects: dict[str, Object]) -> None:
+        for key, obj in objects.items():
+            kind = self._replaced(key, obj)
+            self.items[key] = self._keep(obj)
+            if self._handler:
+                self._handler(kind, obj)
+
+    def _listed(self, seen: set[str]) -> None:
+        """The list is complete: objects it did not show are gone."""
+        for key in self.items.keys() - seen:
             old = self.items.pop(key)
             if self._handler:
                 self._handler("DELETED", old)
-        for key, obj in objects.items():
-            kind = self._replaced(key, obj)
-            self.items[key] = obj
-            if self._handler:
-                self._handler(kind, obj)
         if self._on_resync:
             self._on_resync()
         self.synced.set()
@@ -185,7 +235,7 @@ class Informer:
             self.items.pop(key, None)
         else:
             kind = "ADDED" if self._replaced(key, obj) == "ADDED" else kind
-            self.items[key] = obj
+            self.items[key] = self._keep(obj)
         if self._handler:
             self._handler(kind, obj)
 

@@ -24,7 +24,7 @@ from kubernetes import client
 from headroom import names
 from headroom.mig import MigOffer
 from headroom.policy import GPUSharingPolicy, PolicyError, parse_policy
-from kube.informer import Informer
+from kube.informer import Informer, identity
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,9 @@ class ClusterCache:
         custom = client.CustomObjectsApi(api)
         self._core = core
         self._informers = [
-            Informer(core.list_namespace, name="namespaces", handler=self.on_namespace),
+            Informer(
+                core.list_namespace, name="namespaces", handler=self.on_namespace, keep=identity
+            ),
             Informer(
                 functools.partial(
                     custom.list_cluster_custom_object,
@@ -164,6 +166,7 @@ class ClusterCache:
                 ),
                 name="gpusharingpolicies",
                 handler=self.on_policy,
+                keep=identity,
             ),
         ]
         if self.watch_nodes:
@@ -173,6 +176,7 @@ class ClusterCache:
                     name="nodes",
                     handler=self.on_node,
                     label_selector=MIG_NODE_SELECTOR,
+                    keep=identity,
                 )
             )
         for informer in self._informers:
