@@ -106,15 +106,21 @@ class CapacityAdvertiser:
             self._busy.discard(name)
 
 
+GPU_LABEL_PREFIX = "nvidia.com/"
+
+
 def _slim(node: Mapping[str, Any], name: str) -> dict[str, Any]:
     """What :func:`capacity_patch` reads of a Node: its labels and resources, not its
     images and managedFields (tens of KiB per node, kept for every node)."""
     metadata = node.get("metadata")
     status = node.get("status")
     labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    labels = labels if isinstance(labels, Mapping) else {}
     status = status if isinstance(status, Mapping) else {}
+    # GPU Feature Discovery's and the device plugin's labels are all parse_node reads.
+    gpu_labels = {k: v for k, v in labels.items() if k.startswith(GPU_LABEL_PREFIX)}
     return {
-        "metadata": {"name": name, "labels": labels or {}},
+        "metadata": {"name": name, "labels": gpu_labels},
         "status": {k: status[k] for k in ("capacity", "allocatable") if k in status},
     }
 

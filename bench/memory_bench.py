@@ -1,0 +1,372 @@
+"""Benchmark (not a test): the extender's and the webhook's memory at 20,000 pods and 5,000 nodes.
+
+Each case runs in a fresh Python process, which builds the component's real
+caches (kube.informer.Informer with the component's own handlers and store
+policy, extender.state.ClusterState and its capacity advertiser, or the
+webhook's ClusterCache) and feeds them a re-list as the apiserver would send
+it: JSON pages of 500 objects, shaped like real objects (managedFields,
+container images, env, status conditions; GFD labels and an image list on
+nodes). No apiserver is needed, so the figure is the component's own memory,
+not the client's. The process then reports its resident set (VmRSS) and its
+peak (VmHWM), the figure a container's memory limit kills on, against the limit
+shipped in manifests/ (extender 512Mi, webhook 256Mi). The goal (issue 8) is
+a peak under 25% of the limit.
+
+The *floor* in the same run is the same process after its imports, with empty
+caches; the *whole* case keeps every object whole in the informer's store and
+lists in one unpaged response, as Headroom did before (issue 8 measured ~27 KiB
+per pod and a crash loop at 16-18k pods).
+
+Run: ``.venv/bin/python bench/memory_bench.py [--pods 20000] [--nodes 5000]``.
+Prints a table, then one JSON object on its last line.
+"""
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MIB = 2**20
+LIMITS = {"extender": 512 * MIB, "webhook": 256 * MIB}
+GPU_POD_EVERY = 4
+"""One pod in four asks for a shared GPU; the rest are ordinary CPU pods."""
+PAGE = 500
+
+
+def _managed_fields(manager: str) -> list[dict[str, Any]]:
+    fields: dict[str, Any] = {f"f:field{i}": {".": {}, f"f:sub{i}": {}} for i in range(40)}
+    return [
+        {
+            "manager": manager,
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2026-11-24T07:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:labels": {}}, "f:spec": fields},
+        },
+        {
+            "manager": "kubelet",
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2026-11-24T07:00:05Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:status": {f"f:condition{i}": {} for i in range(12)}},
+            "subresource": "status",
+        },
+    ]
+
+
+def pod(i: int, nodes: int) -> dict[str, Any]:
+    gpu = i % GPU_POD_EVERY == 0
+    limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
+    annotations = {"kubectl.kubernetes.io/restartedAt": "2026-11-24T07:00:00Z"}
+    if gpu:
+        limits |= {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "8Gi"}
+        annotations |= {"headroom.dev/mode": "shared", "headroom.dev/declared-memory": "8Gi"}
+    namespace = f"tenant-{i % 500}"
+    container = {
+        "name": "main",
+        "image": f"registry.example.com/team-{i % 50}/trainer:v1.{i % 9}.3",
+        "command": ["python", "-m", "train", "--config", "/etc/train/config.yaml"],
+        "env": [{"name": f"VAR_{k}", "value": f"value-{k}-{i}"} for k in range(12)],
+        "resources": {"limits": limits, "requests": dict(limits)},
+        "volumeMounts": [
+            {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io"}
+        ],
+        "terminationMessagePath": "/dev/termination-log",
+        "imagePullPolicy": "IfNotPresent",
+    }
+    return {
+        "metadata": {
+            "name": f"job-{i}-abcde",
+            "generateName": f"job-{i}-",
+            "namespace": namespace,
+            "uid": f"00000000-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(100000 + i),
+            "creationTimestamp": "2026-11-24T07:00:00Z",
+            "labels": {"app": f"job-{i % 200}", "pod-template-hash": "7d9f8c6b5"},
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"job-{i % 200}-7d9f8c6b5",
+                    "uid": f"11111111-0000-4000-8000-{i % 200:012d}",
+                    "controller": True,
+                }
+            ],
+            "managedFields": _managed_fields("kube-controller-manager"),
+        },
+        "spec": {
+            "containers": [container],
+            "nodeName": f"node-{i % nodes}",
+            "schedulerName": "headroom-scheduler" if gpu else "default-scheduler",
+            "serviceAccountName": "default",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "priority": 0,
+            "restartPolicy": "Always",
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}",
+            "startTime": "2026-11-24T07:00:01Z",
+            "qosClass": "Guaranteed",
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": "2026-11-24T07:00:02Z"}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": container["image"],
+                    "imageID": "registry.example.com/trainer@sha256:" + "ab" * 32,
+                    "containerID": "containerd://" + "cd" * 32,
+                    "state": {"running": {"startedAt": "2026-11-24T07:00:03Z"}},
+                }
+            ],
+        },
+    }
+
+
+def node(i: int) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": f"node-{i}",
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.memory": "40960",
+        "nvidia.com/gpu.product": "A100-SXM4-40GB-SHARED",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+        "nvidia.com/mig.capable": "true",
+        **{f"feature.node.kubernetes.io/cpu-cpuid.FEATURE{k}": "true" for k in range(40)},
+    }
+    capacity = {"cpu": "128", "memory": "1056Gi", "pods": "110", "nvidia.com/gpu.shared": "32"}
+    return {
+        "metadata": {
+            "name": f"node-{i}",
+            "uid": f"22222222-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(200000 + i),
+            "labels": labels,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": _managed_fields("kubelet"),
+        },
+        "spec": {"podCIDR": f"10.{i % 256}.0.0/24"},
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": [
+                {"type": t, "status": "False", "reason": f"Kubelet{t}", "message": "ok " * 10}
+                for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+            ],
+            "images": [
+                {
+                    "names": [
+                        f"registry.example.com/image-{k}@sha256:" + "ef" * 32,
+                        f"registry.example.com/image-{k}:v{k}",
+                    ],
+                    "sizeBytes": 10**9 + k,
+                }
+                for k in range(30)
+            ],
+            "nodeInfo": {"kubeletVersion": "v1.34.4", "containerRuntimeVersion": "containerd://2"},
+        },
+    }
+
+
+def report(i: int) -> dict[str, Any]:
+    from headroom.reports import GPUUsage, ReportStatus, report_object
+
+    gpus = [
+        GPUUsage(index=g, uuid=f"GPU-{i}-{g}", product="NVIDIA A100-SXM4-40GB",
+                 total_bytes=40 * 2**30, used_bytes=2**30, free_bytes=39 * 2**30)
+        for g in range(8)
+    ]  # fmt: skip
+    status = ReportStatus(
+        node_name=f"node-{i}", backend="nvml", observed_at="2026-11-24T07:00:00Z", gpus=gpus
+    )
+    return report_object(status)
+
+
+def rss() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process, in bytes."""
+    found: dict[str, int] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(value.split()[0]) * 1024
+    return found["VmRSS"], found["VmHWM"]
+
+
+async def _feed(informer: Any, make: Any, count: int, whole: bool) -> None:
+    """A re-list as kube.informer does it: a page's JSON is parsed, handed over, dropped.
+
+    ``whole`` is the unpaged list Headroom made before issue 8: all of it at once.
+    """
+    from kube.informer import object_key
+
+    size = max(count, 1) if whole else PAGE
+    seen: set[str] = set()
+    for start in range(0, count, size):
+        body = json.dumps({"items": [make(i) for i in range(start, min(start + size, count))]})
+        objects = {object_key(o): o for o in json.loads(body)["items"]}
+        del body
+        seen.update(objects)
+        informer._page(objects)
+        del objects
+    informer._listed(seen)
+
+
+class _Sink:
+    """The floor: pages generated and parsed as in the other cases, then dropped."""
+
+    def _page(self, objects: dict[str, Any]) -> None:
+        pass
+
+    def _listed(self, seen: set[str]) -> None:
+        pass
+
+
+async def run_case(component: str, mode: str, pods: int, nodes: int) -> dict[str, Any]:
+    # Each process imports what its component imports, no more: the floor counts them.
+    if component == "extender":
+        import extender.service  # noqa: F401
+        from extender.capacity import CapacityAdvertiser
+        from extender.preemption import Budgets
+        from extender.state import ClusterState
+    else:
+        import webhook.service  # noqa: F401
+        from webhook.cache import ClusterCache
+    from kube.informer import Informer, identity
+
+    whole = mode == "whole"
+    base_rss, _ = rss()
+    if mode == "floor":
+        # The largest page the slim cases parse, generated and dropped as they do.
+        if component == "extender":
+            await _feed(_Sink(), lambda i: pod(i, nodes), PAGE * 2, False)
+        await _feed(_Sink(), node, PAGE * 2, False)
+        current, peak = rss()
+        return {"rss": current, "hwm": peak, "base": base_rss, "held": 0}
+    if component == "extender":
+        state = ClusterState(margin=512 * MIB, stale_after=90.0)
+        advertiser = CapacityAdvertiser(lambda name, body: None, 512 * MIB)
+        advertiser.on_node = _keep_whole(advertiser) if whole else advertiser.on_node  # type: ignore[method-assign]
+        budgets = Budgets()
+
+        def on_node(kind: str, obj: dict[str, Any]) -> None:
+            state.on_node(kind, obj)
+            advertiser.on_node(kind, obj)
+
+        keep = None if whole else identity
+        pairs = [
+            (Informer(lambda **_: None, name="nodes", handler=on_node, keep=keep), node, nodes),
+            (Informer(lambda **_: None, name="reports", handler=state.on_report, keep=keep),
+             report, nodes),
+            (Informer(lambda **_: None, name="pods", handler=state.on_pod, keep=keep),
+             lambda i: pod(i, nodes), pods),
+            (Informer(lambda **_: None, name="pdbs", handler=budgets.on_event, keep=keep),
+             lambda i: {}, 0),
+        ]  # fmt: skip
+        for informer, make, count in pairs:
+            await _feed(informer, make, count, whole)
+        state.prepare(state.clock())
+        held = len(state.pods)
+    else:
+        cache = ClusterCache(watch_nodes=True)
+        keep = None if whole else identity
+        namespaces = Informer(
+            lambda **_: None, name="namespaces", handler=cache.on_namespace, keep=keep
+        )
+        mig_nodes = Informer(lambda **_: None, name="nodes", handler=cache.on_node, keep=keep)
+
+        def namespace(i: int) -> dict[str, Any]:
+            return {
+                "metadata": {
+                    "name": f"tenant-{i}",
+                    "uid": f"33333333-0000-4000-8000-{i:012d}",
+                    "labels": {"headroom.dev/policy": "gpu-shared", "team": f"t{i}"},
+                    "managedFields": _managed_fields("kubectl"),
+                },
+                "status": {"phase": "Active"},
+            }
+
+        await _feed(namespaces, namespace, 500, whole)
+        await _feed(mig_nodes, node, nodes, whole)
+        held = len(namespaces.items) + len(mig_nodes.items)
+    current, peak = rss()
+    return {"rss": current, "hwm": peak, "base": base_rss, "held": held}
+
+
+def _keep_whole(advertiser: Any) -> Any:
+    """The advertiser as before issue 8: every node kept whole."""
+
+    def on_node(kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            advertiser._latest.pop(name, None)
+        else:
+            advertiser._latest[name] = obj
+
+    return on_node
+
+
+def child(component: str, mode: str, pods: int, nodes: int) -> None:
+    import gc
+
+    result = asyncio.run(run_case(component, mode, pods, nodes))
+    gc.collect()
+    print(json.dumps(result))
+
+
+def measure(component: str, mode: str, pods: int, nodes: int) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--child", component, mode, "--pods", str(pods),
+            "--nodes", str(nodes)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pods", type=int, default=20000)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--child", nargs=2, metavar=("COMPONENT", "MODE"))
+    args = parser.parse_args()
+    if args.child:
+        component, mode = args.child
+        child(component, mode, args.pods, args.nodes)
+        return
+    summary: dict[str, Any] = {"pods": args.pods, "nodes": args.nodes}
+    header = ("component", "mode", "RSS MiB", "peak MiB", "limit", "peak/limit")
+    print("{:<10} {:<6} {:>8} {:>9} {:>6} {:>10}".format(*header))
+    for component, limit in LIMITS.items():
+        for mode in ("floor", "slim", "whole"):
+            print(f"  measuring {component} {mode} ...", file=sys.stderr, flush=True)
+            r = measure(component, mode, args.pods, args.nodes)
+            share = r["hwm"] / limit
+            print(
+                f"{component:<10} {mode:<6} {r['rss'] / MIB:>8.0f} {r['hwm'] / MIB:>9.0f} "
+                f"{limit // MIB:>5}M {share:>10.2f}"
+            )
+            summary[f"{component}_{mode}_peak_mib"] = round(r["hwm"] / MIB, 1)
+            summary[f"{component}_{mode}_peak_over_limit"] = round(share, 3)
+    for component in LIMITS:
+        floor = summary[f"{component}_floor_peak_mib"]
+        slim = summary[f"{component}_slim_peak_mib"] - floor
+        whole = summary[f"{component}_whole_peak_mib"] - floor
+        summary[f"{component}_cache_mib"] = round(slim, 1)
+        summary[f"{component}_whole_over_slim"] = round(whole / slim, 2) if slim > 0 else None
+    summary["extender_goal_met"] = summary["extender_slim_peak_over_limit"] <= 0.25
+    summary["webhook_goal_met"] = summary["webhook_slim_peak_over_limit"] <= 0.25
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
