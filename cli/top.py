@@ -116,7 +116,8 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
         if account.note:
             notes.append(f"{account.node}: {account.note}")
         for gpu in account.gpus:
-            pods = pods_cell(sorted(pod_label(p) for p in gpu.pods))
+            # A pod the device plugin cannot have put here with the ones charged is not listed.
+            pods = pods_cell(sorted(pod_label(p) for p in gpu.pods if not p.spread))
             rows.append(
                 (
                     account.node,

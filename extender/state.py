@@ -25,7 +25,7 @@ lets only one binding land.
 import heapq
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -33,7 +33,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from extender.verdicts import Verdicts
-from headroom.accounting import FUTURE_TOLERANCE_SECONDS, NodeAccount, account_node, measured
+from headroom.accounting import (
+    FUTURE_TOLERANCE_SECONDS,
+    History,
+    NodeAccount,
+    account_node,
+    measured,
+)
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
 from headroom.placement import Fit, fit
@@ -43,6 +49,9 @@ from headroom.reports import ReportStatus, parse_report
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+HISTORY_SECONDS = 600.0
+"""How long departures are remembered. A pod unlocated for longer is charged on
+every GPU of its node again, as are pods created before the extender started."""
 PENDING_MEMORY = 10_000
 """Pods remembered from filter requests, for a bind that outruns the pod watch."""
 
@@ -89,6 +98,10 @@ class ClusterState:
         """Told the node when GPU memory may have freed up there: a pod gone, a charge
         released, usage fallen (extender.requeue tells kube-scheduler to retry its
         waiting pods)."""
+        self.started = clock()
+        self.departures: dict[str, deque[tuple[float, int | None]]] = {}
+        """Node -> (when, GPU or None) for each shared replica that left it, kept
+        :data:`HISTORY_SECONDS`: what bounds where unlocated pods can be (headroom.spread)."""
         self.on_nominated: Callable[[PodClaim], None] = lambda claim: None
         """Told each unbound pod the watch shows with ``status.nominatedNodeName``."""
 
@@ -101,6 +114,7 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
             self.last_good.pop(node.name, None)
+            self.departures.pop(node.name, None)
         else:
             self.nodes[node.name] = node
         self._touch(node.name)
@@ -187,6 +201,7 @@ class ClusterState:
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=self.last_good.get(name),
+            history=self.history(name),
         )
         self._accounts[name] = account
         self.shared_headroom[name] = account.shared_headroom
@@ -208,7 +223,18 @@ class ClusterState:
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=self.last_good.get(name),
+            history=self.history(name),
         )
+
+    def history(self, name: str) -> History:
+        """The node's departures the extender has seen, and since when it has seen all."""
+        since = max(self.started, self.clock() - HISTORY_SECONDS)
+        left = self.departures.get(name)
+        if left is None:
+            return History(since)
+        while left and left[0][0] < since:
+            left.popleft()
+        return History(since, tuple(left))
 
     def accounts(self) -> Mapping[str, NodeAccount]:
         """Cached accounts; call :meth:`refresh` first. Missing ones come from :meth:`account`."""
@@ -351,6 +377,8 @@ class ClusterState:
         if old is not None and old.node:
             if not keep_pending:
                 self.on_room(old.node)
+                if old.shared:
+                    self._departed(old)
             on_node = self._on_node.get(old.node, {})
             on_node.pop(uid, None)
             if not on_node:
@@ -359,7 +387,25 @@ class ClusterState:
         if not keep_pending:
             self.bound_at.pop(uid, None)
             self._pending.pop(uid, None)
+            for node, (held, _) in self.assumed.get(uid, {}).items():
+                # A bind may have landed and kubelet allocated it: it left some GPU.
+                if held.shared and (old is None or old.node != node):
+                    self._departed(held, located=False)
             self.forget(uid)
+
+    def _departed(self, claim: PodClaim, *, located: bool = True) -> None:
+        """Remember where a shared pod left from: its GPU if the report located it."""
+        where: int | None = None
+        report = self.reports.get(claim.node)
+        if located and claim.shared == 1 and report is not None:
+            held = [
+                g.index for g in report.gpus for u in g.pods if u.uid == claim.uid and u.used_bytes
+            ]
+            if len(held) == 1:
+                where = held[0]
+        left = self.departures.setdefault(claim.node, deque())
+        now = self.clock()
+        left.extend([(now, where)] * claim.shared)
 
     def _heartbeat(self, name: str, old: ReportStatus, new: ReportStatus) -> bool:
         """Keep the account when ``new`` repeats ``old``'s figures, only later: True if kept.

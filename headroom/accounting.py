@@ -14,14 +14,17 @@ backs a shared replica, and Headroom cannot steer it. So the rule is:
 
 * a pod the fresh report shows on a GPU (and that asked for one replica) is
   charged to that GPU only;
-* every other shared pod -- not started, holding no memory yet, or asking for
-  more than one replica -- is charged to **every** GPU of its node;
+* a pod asking for more than one replica is charged to **every** GPU of its node;
+* the other shared pods -- bound, not yet located -- are charged where the
+  device plugin can have put them: each GPU ``g`` the largest ``x_g`` of them,
+  where ``x_g`` is the most its ``distributed`` allocation policy can have put
+  on ``g`` (:mod:`headroom.spread`); on a node whose departures since the oldest
+  of them was created are not known (``history``), on every GPU;
 * a new pod fits only if its declared memory fits the **tightest** GPU
   (:attr:`NodeAccount.tightest`), whichever GPU it gets.
 
 So the memory declared by the pods that can be on a GPU never exceeds that
-GPU's total minus the margin, wherever the device plugin puts them. The price
-is pessimism on nodes with many GPUs until the agent locates pods.
+GPU's total minus the margin, wherever the device plugin puts them.
 
 Missing or stale reports (older than ``stale_after``, or NVML unavailable): the
 totals come from the ``nvidia.com/gpu.memory`` label (never above what a stale
@@ -39,7 +42,7 @@ are its node capacity minus the slices bound and assumed pods ask for.
 """
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -47,10 +50,22 @@ from headroom.claims import PodClaim
 from headroom.nodes import NodeGPUs
 from headroom.quantity import human_bytes
 from headroom.reports import CONDITION_NVML_AVAILABLE, SCHEMA_VERSION, GPUUsage, ReportStatus
+from headroom.spread import most_on_gpu
 
 Source = Literal["report", "stale-report", "declarations"]
 NO_GPU_HEADROOM = -(2**62)
 """Headroom of a node with no usable GPU: less than any pod can need."""
+
+
+@dataclass(frozen=True)
+class History:
+    """What left a node, for the bound on unlocated pods (:mod:`headroom.spread`)."""
+
+    since: float
+    """Epoch seconds from which every departure is listed."""
+    departures: tuple[tuple[float, int | None], ...] = ()
+    """(when, GPU index) of each shared replica that left the node; None where
+    it was not located then (it may have left any GPU)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,9 @@ class PodCharge:
     """True when the report places the pod on this GPU; False when charged everywhere."""
     known: bool = True
     """False for a pod the report shows that the extender's pod cache does not hold."""
+    spread: bool = False
+    """True when not charged here: the device plugin's spreading cannot have put it
+    here together with the larger unlocated pods charged here (headroom.spread)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +170,7 @@ def account_node(
     margin: int,
     stale_after: float,
     last_good: ReportStatus | None = None,
+    history: History | None = None,
 ) -> NodeAccount:
     """Account ``node``'s GPUs for the pods bound or assumed there (``claims``).
 
@@ -169,11 +188,11 @@ def account_node(
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
         report, failed = _readable(report)
-        gpus = _measured(node, live, report, margin)
+        gpus = _measured(node, live, report, margin, history)
         if failed:
             # One GPU NVML could not read is accounted as a stale one; the others stay measured.
             evidence = [r for r in (last_good, report) if r is not None]
-            fallback = {g.index: g for g in _declared_only(node, live, evidence, margin)}
+            fallback = {g.index: g for g in _declared_only(node, live, evidence, margin, history)}
             gpus = [fallback.get(g.index, g) if g.index in failed else g for g in gpus]
             note = "; ".join(
                 filter(
@@ -182,7 +201,7 @@ def account_node(
             )
     else:
         evidence = [r for r in (last_good, report) if r is not None]
-        gpus = _declared_only(node, live, evidence, margin)
+        gpus = _declared_only(node, live, evidence, margin, history)
     mig = {
         profile: MigAccount(
             profile,
@@ -245,7 +264,11 @@ def _freshness(
 
 
 def _measured(
-    node: NodeGPUs, claims: list[PodClaim], report: ReportStatus, margin: int
+    node: NodeGPUs,
+    claims: list[PodClaim],
+    report: ReportStatus,
+    margin: int,
+    history: History | None,
 ) -> list[GPUAccount]:
     reported = {gpu.index: gpu for gpu in report.gpus}
     indices = sorted(set(range(node.count)) | reported.keys())
@@ -266,6 +289,13 @@ def _measured(
         usage = reported.get(index)
         return usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
 
+    occupied: dict[int, int] = {}
+    for uid in located:
+        for index, used in seen[uid].items():
+            if used:
+                occupied[index] = occupied.get(index, 0) + 1
+    unlocated = [c for c in claims if c.shared and c.uid not in located]
+    limits = _spread(unlocated, shared_indices, occupied, history)
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     for claim in claims:
         where = seen.get(claim.uid, {})
@@ -273,16 +303,18 @@ def _measured(
             for index, used in where.items():
                 charge = max(_need(claim, node, total(index)), used)
                 charges.setdefault(index, []).append(_charge(claim, used, charge, True))
-        elif claim.shared:
-            for index in shared_indices:
-                used = where.get(index, 0)
-                charge = max(_need(claim, node, total(index)), used)
-                observed = used if index in where else None
-                charges[index].append(_charge(claim, observed, charge, False))
-        else:
+        elif not claim.shared:
             # A MIG or whole-GPU pod seen on the GPU's own memory: charge what it holds.
             for index, used in where.items():
                 charges.setdefault(index, []).append(_charge(claim, used, used, True))
+    for index in shared_indices:
+        lines = []
+        for claim in unlocated:
+            used = seen.get(claim.uid, {}).get(index, 0)
+            charge = max(_need(claim, node, total(index)), used)
+            observed = used if index in seen.get(claim.uid, {}) else None
+            lines.append(_charge(claim, observed, charge, False))
+        charges[index].extend(_cap(lines, unlocated, limits, index))
     for gpu in report.gpus:
         for usage in gpu.pods:
             if usage.uid not in known:
@@ -332,12 +364,17 @@ def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, lis
 
 
 def _declared_only(
-    node: NodeGPUs, claims: list[PodClaim], evidence: list[ReportStatus], margin: int
+    node: NodeGPUs,
+    claims: list[PodClaim],
+    evidence: list[ReportStatus],
+    margin: int,
+    history: History | None,
 ) -> list[GPUAccount]:
     """Declarations and the label, plus whatever the reports in ``evidence`` observed.
 
-    Every shared pod is charged on every GPU (where it runs is not known any more)
-    the larger of its declaration and the most any report saw it hold; pods the
+    Every shared pod is unlocated (where it runs is not known any more) and
+    charged, on each GPU it may be on (:func:`_spread`), the larger of its
+    declaration and the most any report saw it hold; pods the
     reports show that the cache does not hold, and each GPU's unattributed memory,
     count where and as much as last observed. Totals never exceed the label or any report's.
     """
@@ -363,22 +400,24 @@ def _declared_only(
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
+    limits = _spread(shared, list(range(node.count)), {}, history)
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
         if index in report_totals:
             total = min(total, report_totals[index]) if total else report_totals[index]
-        pods = [
+        lines = [
             _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
             for c in shared
         ]
+        pods = _cap(lines, shared, limits, index)
         # Foreign processes and pods the cache does not hold stay where they were seen.
         pods += [
             PodCharge(uid, key, None, held, held, True, False)
             for uid, (key, held) in strangers.get(index, {}).items()
         ]
         spare = unattributed.get(index, 0)
-        declared = sum(p.declared or 0 for p in pods)
+        declared = sum(p.declared or 0 for p in pods if not p.spread)
         accounted = sum(p.charged for p in pods) + spare
         gpus.append(
             GPUAccount(
@@ -415,7 +454,7 @@ def _gpu(
         index=index,
         product=product,
         total=total,
-        declared=sum(p.declared or 0 for p in pods),
+        declared=sum(p.declared or 0 for p in pods if not p.spread),
         observed=sum(p.observed or 0 for p in pods),
         unattributed=unattributed,
         accounted=accounted,
@@ -423,6 +462,58 @@ def _gpu(
         pods=tuple(pods),
         shared=shared,
     )
+
+
+def _spread(
+    unlocated: list[PodClaim],
+    shared_indices: list[int],
+    occupied: Mapping[int, int],
+    history: History | None,
+) -> dict[int, int] | None:
+    """Per shared GPU, the most single-replica ``unlocated`` pods it can hold; None: all.
+
+    ``occupied`` counts the located replicas per GPU. Without a history that
+    covers every unlocated pod's life on the node, None (charged everywhere).
+    """
+    if len(shared_indices) < 2 or not unlocated or history is None:
+        return None
+    created = [c.created for c in unlocated]
+    if any(at is None or at < history.since for at in created):
+        return None
+    window = min(at for at in created if at is not None)
+    left: dict[int | None, int] = {}
+    for at, index in history.departures:
+        if at >= window:
+            left[index] = left.get(index, 0) + 1
+    bounds = {h: occupied.get(h, 0) + left.get(h, 0) for h in shared_indices}
+    replicas = sum(c.shared for c in unlocated)
+    return {g: most_on_gpu(g, replicas, bounds, left.get(None, 0)) for g in shared_indices}
+
+
+def _cap(
+    lines: list[PodCharge],
+    unlocated: list[PodClaim],
+    limits: Mapping[int, int] | None,
+    index: int,
+) -> list[PodCharge]:
+    """The unlocated pods' lines on GPU ``index``: the largest ``limits[index]`` single-
+    replica ones charged in full, the rest 0 (they cannot all be here); multi-replica
+    pods in full."""
+    if limits is None:
+        return lines
+    replicas = {c.uid: c.shared for c in unlocated}
+    single = sorted(
+        (line for line in lines if replicas.get(line.uid) == 1),
+        key=lambda line: (-line.charged, line.uid),
+    )
+    room = limits.get(index, len(single))
+    kept = {line.uid for line in single[:room]}
+    return [
+        line
+        if line.uid in kept or replicas.get(line.uid, 1) != 1
+        else replace(line, charged=0, spread=True)
+        for line in lines
+    ]
 
 
 def _need(claim: PodClaim, node: NodeGPUs, gpu_total: int) -> int:

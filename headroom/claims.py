@@ -19,6 +19,7 @@ such a pod with that message.
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
 
@@ -65,6 +66,9 @@ class PodClaim:
     """For PodDisruptionBudgets when the pod may be a preemption victim."""
     nominated: str = ""
     """``status.nominatedNodeName``: where kube-scheduler's preemption made room for it."""
+    created: float | None = None
+    """``metadata.creationTimestamp`` in epoch seconds (None if absent or unreadable):
+    no allocation of the pod's GPU can be older (headroom.spread)."""
 
     @property
     def key(self) -> str:
@@ -158,6 +162,7 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
         priority=priority,
         labels=string_map(metadata, "labels", "metadata.labels"),
         nominated=nominated,
+        created=_epoch(metadata.get("creationTimestamp")),
     )
 
 
@@ -171,6 +176,15 @@ def has_headroom_annotations(pod: Mapping[str, Any]) -> bool:
     return isinstance(annotations, Mapping) and (
         names.ANNOTATION_DECLARED_MEMORY in annotations or names.ANNOTATION_MODE in annotations
     )
+
+
+def _epoch(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _text(value: object) -> str:

@@ -162,12 +162,14 @@ def test_lookup_without_uid_finds_by_name() -> None:
 
 
 def test_bind_rechecks_against_a_report_that_turned_stale_since_the_filter() -> None:
-    """Fresh, the report locates two 20 GiB pods on two GPUs; stale, each may be anywhere."""
+    """Fresh, the report locates two 20 GiB pods on two GPUs; stale, each may be anywhere
+    (both were created before the extender started, so no history bounds where)."""
     state, clock = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
     a = gpu_pod("a", node="gpu-a", declared="20Gi")
     b = gpu_pod("b", node="gpu-a", declared="20Gi")
     for pod in (a, b):
+        pod["metadata"]["creationTimestamp"] = "2025-06-01T11:00:00Z"
         state.on_pod("ADDED", pod)
     state.on_report("ADDED", gpu_report("gpu-a", {0: {uid_of(a): GIB}, 1: {uid_of(b): GIB}}))
     pod = gpu_pod("new", declared="10Gi")
@@ -181,3 +183,47 @@ def test_bind_rechecks_against_a_report_that_turned_stale_since_the_filter() -> 
     assert not verdict.fits
     assert "GPUNodeReport is 91s old" in verdict.reason
     assert state.assumed == {}
+
+
+# --- unlocated pods on many-GPU nodes (issue 8 §1, headroom.spread) -------------
+
+
+def eight_gpu_node_with(state: ClusterState, count: int, declared: str = "8Gi") -> list[str]:
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=8))
+    uids = []
+    for i in range(count):
+        pod = gpu_pod(f"p{i}", node="gpu-a", declared=declared)
+        state.on_pod("ADDED", pod)
+        uids.append(uid_of(pod))
+    return uids
+
+
+def test_ten_unlocated_pods_on_eight_gpus_are_charged_two_per_gpu() -> None:
+    # Issue 8: each unlocated pod was charged to all eight GPUs, so a node took 4.
+    state, _ = fresh_state()
+    eight_gpu_node_with(state, 10)
+    assert headroom(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
+    account = state.account("gpu-a")
+    assert account is not None
+    gpu = account.gpus[0]
+    assert sum(1 for p in gpu.pods if p.charged) == 2
+    assert sum(1 for p in gpu.pods if p.spread and not p.charged) == 8
+
+
+def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() -> None:
+    state, clock = fresh_state()
+    eight_gpu_node_with(state, 8)
+    assert headroom(state) == 40 * GIB - 8 * GIB - MARGIN  # one per GPU
+    # Seven pods leave (unlocated: each may have left any GPU). The eighth could
+    # then have gone anywhere, and so could the next seven: two on one GPU at most.
+    for i in range(1, 8):
+        state.on_pod("DELETED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
+    for i in range(8, 15):
+        state.on_pod("ADDED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
+    assert headroom(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
+    # An extender started after the pods were created knows no departures: everywhere.
+    later = ClusterState(margin=MARGIN, stale_after=90.0, clock=lambda: clock.now + 3600)
+    later.on_node("ADDED", gpu_node("gpu-a", gpus=8))
+    for i in range(8):
+        later.on_pod("ADDED", gpu_pod(f"q{i}", node="gpu-a", declared="4Gi"))
+    assert headroom(later) == 40 * GIB - 8 * 4 * GIB - MARGIN

@@ -101,8 +101,9 @@ async def test_the_cache_lists_and_watches_the_right_resources(
         finally:
             cache.stop()
     paths = apiserver.requests
-    assert "/api/v1/namespaces" in paths
-    assert "/apis/headroom.dev/v1alpha1/gpusharingpolicies" in paths
-    assert "/api/v1/nodes?labelSelector=nvidia.com/mig.capable%3Dtrue" in paths
+    # Lists come in pages (kube.informer.PAGE_SIZE).
+    assert "/api/v1/namespaces?limit=500" in paths
+    assert "/apis/headroom.dev/v1alpha1/gpusharingpolicies?limit=500" in paths
+    assert "/api/v1/nodes?labelSelector=nvidia.com/mig.capable%3Dtrue&limit=500" in paths
     assert any(p.startswith("/api/v1/namespaces?") and "watch=" in p for p in paths)
     assert "/api/v1/namespaces/newest" in paths

@@ -1,0 +1,139 @@
+"""The bound on unlocated pods per GPU against a model of the device plugin's allocator.
+
+The model is NVIDIA's ``distributed`` policy (k8s-device-plugin
+internal/rm/allocate.go): kubelet allocates bound pods in any order, each
+single replica to a GPU with the fewest allocated replicas (ties broken any
+way), never beyond a GPU's replicas; the agent locates allocated pods whenever
+it reports; pods leave at any time. At every step, each GPU must hold no more
+unlocated pods than :func:`headroom.spread.most_on_gpu` allows it.
+"""
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headroom.spread import most_on_gpu
+
+
+@dataclass
+class Pod:
+    created: int
+    gpu: int | None = None
+    located: bool = False
+
+
+@dataclass
+class Node:
+    gpus: int
+    replicas: int
+    pods: dict[int, Pod] = field(default_factory=dict)
+    departures: list[tuple[int, int | None]] = field(default_factory=list)
+
+    def allocated(self, gpu: int) -> int:
+        return sum(1 for p in self.pods.values() if p.gpu == gpu)
+
+    def check(self) -> None:
+        unlocated = [p for p in self.pods.values() if not p.located]
+        if not unlocated:
+            return
+        window = min(p.created for p in unlocated)
+        left = [gpu for at, gpu in self.departures if at >= window]
+        bounds = {
+            h: sum(1 for p in self.pods.values() if p.located and p.gpu == h) + left.count(h)
+            for h in range(self.gpus)
+        }
+        for g in range(self.gpus):
+            actual = sum(1 for p in unlocated if p.gpu == g)
+            most = most_on_gpu(g, len(unlocated), bounds, left.count(None))
+            assert actual <= most, (g, actual, self)
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["bind", "allocate", "locate", "leave", "leave-located"]),
+        st.integers(0, 10**6),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(gpus=st.integers(1, 8), replicas=st.integers(1, 6), script=events)
+def test_no_allocation_order_puts_more_unlocated_pods_on_a_gpu_than_the_bound(
+    gpus: int, replicas: int, script: list[tuple[str, int]]
+) -> None:
+    node = Node(gpus, replicas)
+    for clock, (event, pick) in enumerate(script):
+        pods = sorted(node.pods)
+        if event == "bind":
+            node.pods[clock] = Pod(created=clock)
+        elif event == "allocate":
+            waiting = [uid for uid in pods if node.pods[uid].gpu is None]
+            free = [g for g in range(gpus) if node.allocated(g) < replicas]
+            if not waiting or not free:
+                continue
+            fewest = min(node.allocated(g) for g in free)
+            ties = [g for g in free if node.allocated(g) == fewest]
+            node.pods[waiting[pick % len(waiting)]].gpu = ties[(pick // 7) % len(ties)]
+        elif event == "locate":
+            placed = [uid for uid in pods if node.pods[uid].gpu is not None]
+            if placed:
+                node.pods[placed[pick % len(placed)]].located = True
+        elif event == "leave" and pods:
+            gone = node.pods.pop(pods[pick % len(pods)])
+            node.departures.append((clock, gone.gpu if gone.located else None))
+        elif event == "leave-located":
+            located = [uid for uid in pods if node.pods[uid].located]
+            if located:
+                gone = node.pods.pop(located[pick % len(located)])
+                node.departures.append((clock, gone.gpu))
+        node.check()
+
+
+def test_an_eight_gpu_node_with_no_history_spreads_its_pods() -> None:
+    # 10 pods just bound to an empty 8-GPU node: none has two more than another.
+    assert most_on_gpu(0, 10, dict.fromkeys(range(1, 8), 0)) == 2
+    assert most_on_gpu(0, 8, dict.fromkeys(range(1, 8), 0)) == 1
+    assert most_on_gpu(0, 0, dict.fromkeys(range(1, 8), 0)) == 0
+
+
+def test_a_gpu_whose_neighbours_are_busy_can_take_all_newcomers() -> None:
+    # Every other GPU holds 3 located pods: the first 4 newcomers may all land here.
+    assert most_on_gpu(0, 4, dict.fromkeys(range(1, 8), 3)) == 4
+    assert most_on_gpu(0, 12, dict.fromkeys(range(1, 8), 3)) == 5
+
+
+def test_one_gpu_takes_everything() -> None:
+    assert most_on_gpu(0, 5, {}) == 5
+
+
+def test_pods_that_left_a_gpu_still_bound_the_newcomers_it_did_not_get() -> None:
+    # GPU 1 held three located pods; three newcomers went to GPU 0 (the fewest
+    # allocated); then the three left. Without counting them, GPU 1 would look
+    # empty and GPU 0 could not hold three unlocated pods; it does.
+    node = Node(gpus=2, replicas=8)
+    for uid in range(3):
+        node.pods[uid] = Pod(created=uid, gpu=1, located=True)
+    for uid in range(3, 6):
+        node.pods[uid] = Pod(created=uid, gpu=0)
+    for clock, uid in enumerate(range(3), start=6):
+        node.pods.pop(uid)
+        node.departures.append((clock, 1))
+    node.check()
+    assert most_on_gpu(0, 3, {1: 0}) == 2  # what forgetting them would allow
+
+
+def test_pods_that_left_unlocated_count_as_having_left_any_gpu() -> None:
+    # As above, but the three on GPU 1 were never located: their departures say
+    # only that they left some GPU.
+    node = Node(gpus=2, replicas=8)
+    for uid in range(3):
+        node.pods[uid] = Pod(created=uid, gpu=1)
+    for uid in range(3, 6):
+        node.pods[uid] = Pod(created=uid, gpu=0)
+    for clock, uid in enumerate(range(3), start=6):
+        node.pods.pop(uid)
+        node.departures.append((clock, None))
+    node.check()
+    assert most_on_gpu(0, 3, {1: 0}, anywhere=0) == 2  # what forgetting them would allow
