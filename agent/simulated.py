@@ -14,13 +14,18 @@ was refused is the pod's ``starved_bytes``: what a real workload would have
 seen as CUDA out-of-memory. Memory freed by one pod goes to whoever asks next,
 which is how a leak starves its neighbours (seed 001).
 
-Device choice is deterministic: a shared or whole-GPU pod sits on GPU
-``sha256(uid) mod count``; a MIG pod gets the first free device of its profile.
+Device choice follows the NVIDIA device plugin, for which this backend stands
+in: a shared or whole-GPU pod gets, when first seen Running (pods in start
+order), a non-MIG GPU holding the fewest pods (the lowest index on a tie) and
+keeps it -- the plugin's default ``distributed`` policy, which the extender's
+bound on unlocated pods relies on (headroom.spread); a MIG pod gets the first
+free device of its profile. A restarted agent deals the running pods out again
+in start order.
 """
 
-import hashlib
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -77,6 +82,7 @@ class SimulatedProbe:
         self._clock = clock
         self._devices: dict[str, _Device] = {}
         self._mig_of: dict[str, str] = {}  # pod uid -> MIG device uuid, sticky
+        self._gpu_of: dict[str, int] = {}  # pod uid -> GPU index, sticky
         self._first_seen: dict[str, datetime] = {}
         self._warned: set[str] = set()
 
@@ -96,7 +102,10 @@ class SimulatedProbe:
         gpus = self._layout(spec)
         now = self._clock()
         loads: dict[str, list[_Load]] = {}
-        for pod in self._pods():
+        pods = sorted(self._pods(), key=lambda pod: (_started(pod) or now, _uid(pod)))
+        present = {_uid(pod) for pod in pods}
+        self._gpu_of = {uid: gpu for uid, gpu in self._gpu_of.items() if uid in present}
+        for pod in pods:
             placed = self._place(pod, gpus, now)
             if placed is not None:
                 loads.setdefault(placed[0], []).append(placed[1])
@@ -172,11 +181,23 @@ class SimulatedProbe:
         if profile is not None:
             device = self._mig_device(uid, profile, gpus)
             return None if device is None else (device, load)
-        index = int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) % len(gpus)
-        _, _, mig_uuids = gpus[index]
-        if mig_uuids:
+        index = self._whole_gpu(uid, gpus)
+        if index is None:
             return None  # a whole-GPU request cannot land on a MIG GPU
         return self._uuid("GPU", str(index)), load
+
+    def _whole_gpu(self, uid: str, gpus: list[tuple[int, GPUSpec, list[str]]]) -> int | None:
+        """The GPU a pod got, or the one the device plugin's distributed policy gives it."""
+        current = self._gpu_of.get(uid)
+        if current is not None and current < len(gpus) and not gpus[current][2]:
+            return current
+        whole = [index for index, _, mig_uuids in gpus if not mig_uuids]
+        if not whole:
+            return None
+        held = Counter(self._gpu_of.values())
+        index = min(whole, key=lambda i: (held[i], i))
+        self._gpu_of[uid] = index
+        return index
 
     def _mig_device(
         self, uid: str, profile: str, gpus: list[tuple[int, GPUSpec, list[str]]]
@@ -269,6 +290,10 @@ def _allocate(device: _Device, loads: list[_Load]) -> None:
         held = device.held.get(load.uid, 0)
         free = max(device.total - sum(device.held.values()), 0)
         device.held[load.uid] = held + min(max(load.demand - held, 0), free)
+
+
+def _uid(pod: Pod) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
 
 
 def _started(pod: Pod) -> datetime | None:

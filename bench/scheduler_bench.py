@@ -36,7 +36,7 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -188,17 +188,36 @@ def declared(p: dict[str, Any]) -> int:
 def overcommitted(
     bound: list[dict[str, Any]], gpus: int, replicas: int, margin: int
 ) -> tuple[int, int]:
-    """(nodes over their memory, nodes over their slots), from the bound pods alone."""
-    memory: dict[str, int] = defaultdict(int)
-    slots: Counter[str] = Counter()
+    """(GPUs over their memory, nodes over their slots), from the bound pods alone.
+
+    KWOK nodes have no device plugin, so each node's pods are given GPUs as the
+    NVIDIA device plugin's default ``distributed`` policy would (headroom.spread),
+    in the order they were bound: each to a GPU with the fewest pods, the lowest
+    index on a tie.
+    """
+    by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in bound:
-        node = p["spec"]["nodeName"]
-        memory[node] += declared(p)
-        slots[node] += 1
-    limit = gpus * (A100_MIB * MIB - margin)
-    over_memory = sum(1 for used in memory.values() if used > limit)
-    over_slots = sum(1 for used in slots.values() if used > gpus * replicas)
+        by_node[p["spec"]["nodeName"]].append(p)
+    limit = A100_MIB * MIB - margin
+    over_memory = over_slots = 0
+    for pods in by_node.values():
+        pods.sort(key=lambda p: (_scheduled_at(p), p["metadata"]["name"]))
+        count = [0] * gpus
+        memory = [0] * gpus
+        for p in pods:
+            gpu = min(range(gpus), key=lambda g: (count[g], g))
+            count[gpu] += 1
+            memory[gpu] += declared(p)
+        over_memory += sum(1 for used in memory if used > limit)
+        over_slots += len(pods) > gpus * replicas
     return over_memory, over_slots
+
+
+def _scheduled_at(p: dict[str, Any]) -> str:
+    for condition in p.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            return str(condition.get("lastTransitionTime", ""))
+    return ""
 
 
 def fit_bound(node_count: int, gpus: int, replicas: int, memory: int, margin: int) -> int:

@@ -277,3 +277,26 @@ def test_first_come_first_served_when_two_pods_want_the_last_memory() -> None:
     ]
     (gpu,) = SimulatedProbe("n", pods=lambda: pods, spec=GPUSpec(1, 10 * GIB)).snapshot().gpus
     assert by_pod(gpu) == {"uid-early": (6 * GIB, 0), "uid-late": (4 * GIB, 2 * GIB)}
+
+
+def test_shared_pods_get_the_gpu_with_fewest_pods_and_keep_it() -> None:
+    # The stand-in for the device plugin's distributed policy (headroom.spread).
+    pods = [
+        pod(f"p{i}", f"uid-{i:02}", annotations=usage(pattern="steady", base="1Gi"))
+        for i in range(10)
+    ]
+    probe = SimulatedProbe("n", pods=lambda: pods, spec=GPUSpec(8, 40 * GIB))
+
+    def layout() -> dict[str, int]:
+        return {p.pod_uid or "": g.index for g in probe.snapshot().gpus for p in g.processes}
+
+    first = layout()
+    per_gpu = [list(first.values()).count(g) for g in range(8)]
+    assert sorted(per_gpu) == [1] * 6 + [2] * 2, per_gpu
+    del pods[0:3]  # three leave; the rest stay where they are
+    pods.append(pod("new", "uid-new", annotations=usage(pattern="steady", base="1Gi")))
+    second = layout()
+    assert all(second[uid] == first[uid] for uid in second if uid != "uid-new")
+    emptied = [g for g in range(8) if g not in second.values() or g == second["uid-new"]]
+    assert second["uid-new"] in emptied
+    assert list(second.values()).count(second["uid-new"]) == 1
