@@ -72,6 +72,14 @@ def add_parser(subparsers: Any) -> None:
         help="keep every shared GPU node's headroom.dev/gpu-memory capacity at the sum of its "
         "GPUs' memory less the margin (patches nodes/status; default on)",
     )
+    parser.add_argument(
+        "--device-plugin-policy",
+        choices=("distributed", "unknown"),
+        default="distributed",
+        help="the NVIDIA device plugin's sharedDevicesAllocationPolicy: 'distributed' (its "
+        "default) bounds where a pod not yet located can be on a many-GPU node; 'unknown' "
+        "charges such a pod to every GPU of its node (use it with 'packed' or another plugin)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         verify_after_seconds=args.verify_after,
         scheduler_name=args.scheduler_name,
         advertise_capacity=args.advertise_capacity,
+        spread=args.device_plugin_policy == "distributed",
     )
     try:
         asyncio.run(serve(settings))

@@ -86,6 +86,22 @@ class Cluster:
         self.stop(name)
         self.start(name, timeout=timeout)
 
+    def add_node(self, spec: nodes.NodeSpec, progress: Progress = _stderr) -> None:
+        """Create a KWOK node through the API and, for a GPU node, start its simulated
+        agent (stopped by ``down`` with the rest)."""
+        _create_nodes(self, [spec], progress)
+        if spec.has_gpu():
+            self._launch([components.agent_component(self, spec.name)], progress)
+
+    def remove_node(self, name: str) -> None:
+        """Stop the node's agent, if any, and delete the Node."""
+        agent = self.components.get(f"agent-{name}")
+        if agent is not None:
+            agent.stop()
+            del self.state.components[agent.name]
+            self.state.save()
+        self.kubectl("delete", "node", name, "--wait=false")
+
     def _launch(self, batch: list[Component], progress: Progress) -> None:
         """Start ``batch`` together, then wait for each; the state is saved first so a
         failed ``up`` leaves pids that ``down`` can kill."""

@@ -169,30 +169,35 @@ def _processes(cluster: "Cluster", specs: list[nodes.NodeSpec]) -> list[Componen
     ]
     for spec in specs:
         if spec.has_gpu():
-            agent_port = state.port(f"agent-{spec.name}")
-            processes.append(
-                Component(
-                    name=f"agent-{spec.name}",
-                    argv=_headroom(
-                        "agent",
-                        "--node-name",
-                        spec.name,
-                        "--backend",
-                        "simulated",
-                        "--kubeconfig",
-                        str(_agent_account(cluster, spec.name)),
-                        "--interval",
-                        AGENT_INTERVAL,
-                        "--port",
-                        str(agent_port),
-                        "--host",
-                        "127.0.0.1",
-                    ),
-                    log=str(state.logs / f"agent-{spec.name}.log"),
-                    probe=Probe(f"http://127.0.0.1:{agent_port}/readyz"),
-                )
-            )
+            processes.append(agent_component(cluster, spec.name))
     return processes
+
+
+def agent_component(cluster: "Cluster", node: str) -> Component:
+    """A simulated node agent for ``node`` (started by ``up`` for every GPU node; tests
+    that add a node through the API launch one with ``cluster._launch``)."""
+    state = cluster.state
+    agent_port = state.port(f"agent-{node}")
+    return Component(
+        name=f"agent-{node}",
+        argv=_headroom(
+            "agent",
+            "--node-name",
+            node,
+            "--backend",
+            "simulated",
+            "--kubeconfig",
+            str(_agent_account(cluster, node)),
+            "--interval",
+            AGENT_INTERVAL,
+            "--port",
+            str(agent_port),
+            "--host",
+            "127.0.0.1",
+        ),
+        log=str(state.logs / f"agent-{node}.log"),
+        probe=Probe(f"http://127.0.0.1:{agent_port}/readyz"),
+    )
 
 
 def _generate_certs(state: ClusterState) -> bytes:

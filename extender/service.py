@@ -34,6 +34,8 @@ class Settings:
     verify_after_seconds: float = 10.0
     scheduler_name: str = HEADROOM_SCHEDULER
     advertise_capacity: bool = True
+    spread: bool = True
+    """Bound unlocated pods by the device plugin's distributed policy (headroom.spread)."""
 
 
 async def _collect_after_sync(caches: Caches) -> None:
@@ -66,6 +68,7 @@ async def serve(settings: Settings) -> None:
         margin=settings.margin_bytes,
         stale_after=settings.stale_after_seconds,
         verify_after=settings.verify_after_seconds,
+        spread=settings.spread,
     )
     advertiser = (
         CapacityAdvertiser(api_patcher(api), settings.margin_bytes)

@@ -64,6 +64,7 @@ class ClusterState:
         stale_after: float,
         verify_after: float = 10.0,
         clock: Clock = time.time,
+        spread: bool = True,
     ) -> None:
         self.margin = margin
         self.stale_after = stale_after
@@ -98,6 +99,9 @@ class ClusterState:
         """Told the node when GPU memory may have freed up there: a pod gone, a charge
         released, usage fallen (extender.requeue tells kube-scheduler to retry its
         waiting pods)."""
+        self.spread = spread
+        """False: unlocated pods are charged to every GPU (a device plugin whose
+        allocation policy is not the NVIDIA plugin's distributed one)."""
         self.started = clock()
         self.departures: dict[str, deque[tuple[float, int | None]]] = {}
         """Node -> (when, GPU or None) for each shared replica that left it, kept
@@ -145,7 +149,7 @@ class ClusterState:
                 if fresh and (
                     old is None
                     or not measured(old, now=now, stale_after=self.stale_after)
-                    or _usage_fell(old, report)
+                    or _room_may_appear(old, report)
                 ):
                     self.on_room(name)
         self._touch(name)
@@ -201,7 +205,7 @@ class ClusterState:
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=self.last_good.get(name),
-            history=self.history(name),
+            history=self.history(name) if self.spread else None,
         )
         self._accounts[name] = account
         self.shared_headroom[name] = account.shared_headroom
@@ -223,7 +227,7 @@ class ClusterState:
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=self.last_good.get(name),
-            history=self.history(name),
+            history=self.history(name) if self.spread else None,
         )
 
     def history(self, name: str) -> History:
@@ -468,10 +472,15 @@ def _compact(report: ReportStatus) -> ReportStatus:
     return report
 
 
-def _usage_fell(old: ReportStatus, new: ReportStatus) -> bool:
-    """Whether some GPU holds less in ``new`` than in ``old``: a pod freed memory or left."""
+def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
+    """Whether ``new`` may show room ``old`` did not: some GPU holds less (a pod freed
+    memory or left), or a pod is located (seen holding memory) for the first time,
+    which frees the other GPUs it was charged to (headroom.spread)."""
     before = {gpu.index: gpu.used_bytes for gpu in old.gpus}
-    return any(gpu.used_bytes < before.get(gpu.index, 0) for gpu in new.gpus)
+    if any(gpu.used_bytes < before.get(gpu.index, 0) for gpu in new.gpus):
+        return True
+    seen = {u.uid for gpu in old.gpus for u in gpu.pods if u.used_bytes}
+    return any(u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes)
 
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:

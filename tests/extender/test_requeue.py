@@ -61,3 +61,19 @@ def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
     rooms.clear()
     state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u2": 10 * GIB}}, age=600))
     assert rooms == []  # a stale report frees nothing
+
+
+def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
+    # A located pod is charged to its GPU only, no longer to every GPU it could be on.
+    now = EPOCH.timestamp()
+    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": GIB}, 1: {}}))
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 2 * GIB}, 1: {"u2": GIB}}))
+    assert rooms == ["gpu-a"]
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 3 * GIB}, 1: {"u2": GIB}}))
+    assert rooms == []

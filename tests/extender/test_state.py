@@ -227,3 +227,10 @@ def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() ->
     for i in range(8):
         later.on_pod("ADDED", gpu_pod(f"q{i}", node="gpu-a", declared="4Gi"))
     assert headroom(later) == 40 * GIB - 8 * 4 * GIB - MARGIN
+
+
+def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
+    eight_gpu_node_with(state, 4)
+    assert headroom(state) == 40 * GIB - 4 * 8 * GIB - MARGIN
