@@ -234,11 +234,9 @@ class ClusterState:
         """The node's departures the extender has seen, and since when it has seen all."""
         since = max(self.started, self.clock() - HISTORY_SECONDS)
         left = self.departures.get(name)
-        if left is None:
-            return History(since)
         while left and left[0][0] < since:
             left.popleft()
-        return History(since, tuple(left))
+        return History(since, tuple(left or ()))
 
     def accounts(self) -> Mapping[str, NodeAccount]:
         """Cached accounts; call :meth:`refresh` first. Missing ones come from :meth:`account`."""

@@ -126,7 +126,7 @@ class Extender:
         now = state.clock()
         state.prepare(now)
         accounts = state.accounts()
-        if not claim.mig:  # shared only: the common case, over the flat index
+        if not claim.mig and claim.shared <= 1:  # the common case, over the flat index
             passed, failed = state.verdicts.filter(
                 candidates.names, claim, state.shared_headroom, accounts
             )
@@ -169,7 +169,7 @@ class Extender:
             return json_array(host_priority_item(name, 0) for name in names)
         state = self.state
         state.prepare(state.clock())
-        if not claim.mig:  # shared only: the common case, over the flat index
+        if not claim.mig and claim.shared <= 1:  # the common case, over the flat index
             return json_array(state.verdicts.scores(names, claim, state.shared_room))
         accounts = state.accounts()
         return json_array(

@@ -55,6 +55,8 @@ from headroom.spread import most_on_gpu
 Source = Literal["report", "stale-report", "declarations"]
 NO_GPU_HEADROOM = -(2**62)
 """Headroom of a node with no usable GPU: less than any pod can need."""
+CANNOT_LAND = 2**62
+"""Room on a GPU the device plugin cannot give a new pod: it constrains nothing."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,14 @@ class GPUAccount:
     pods: tuple[PodCharge, ...] = ()
     shared: bool = True
     """False for a GPU in MIG mode: its memory is sliced, shared pods cannot land on it."""
+    room: int | None = None
+    """The most a new single-replica shared pod may declare to fit here, counting the
+    unlocated pods that could then be here with it (headroom.spread); None: the
+    headroom. :data:`CANNOT_LAND` where the device plugin cannot give it this GPU."""
+
+    @property
+    def room_for_one(self) -> int:
+        return self.headroom if self.room is None else self.room
 
 
 @dataclass(frozen=True)
@@ -130,9 +140,9 @@ class NodeAccount:
 
     @cached_property
     def tightest(self) -> GPUAccount | None:
-        """The shared GPU with the least headroom (lowest index on a tie)."""
+        """The shared GPU with the least room for a new pod (lowest index on a tie)."""
         shared = [gpu for gpu in self.gpus if gpu.shared]
-        return min(shared, key=lambda gpu: gpu.headroom) if shared else None
+        return min(shared, key=lambda gpu: gpu.room_for_one) if shared else None
 
     # Cached: the filter reads these for every candidate node on every request.
 
@@ -140,7 +150,14 @@ class NodeAccount:
     def shared_headroom(self) -> int:
         """Headroom a new shared pod can count on, whichever GPU it gets."""
         tightest = self.tightest
-        return NO_GPU_HEADROOM if tightest is None else tightest.headroom
+        return NO_GPU_HEADROOM if tightest is None else tightest.room_for_one
+
+    @cached_property
+    def everywhere_headroom(self) -> int:
+        """Headroom on the fullest shared GPU: what a pod charged on every GPU (more
+        than one replica) must fit."""
+        shared = [gpu.headroom for gpu in self.gpus if gpu.shared]
+        return min(shared, default=NO_GPU_HEADROOM)
 
     @cached_property
     def shared_total(self) -> int:
@@ -188,11 +205,13 @@ def account_node(
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
         report, failed = _readable(report)
-        gpus = _measured(node, live, report, margin, history)
+        gpus = _measured(node, live, report, margin, history, now)
         if failed:
             # One GPU NVML could not read is accounted as a stale one; the others stay measured.
             evidence = [r for r in (last_good, report) if r is not None]
-            fallback = {g.index: g for g in _declared_only(node, live, evidence, margin, history)}
+            fallback = {
+                g.index: g for g in _declared_only(node, live, evidence, margin, history, now)
+            }
             gpus = [fallback.get(g.index, g) if g.index in failed else g for g in gpus]
             note = "; ".join(
                 filter(
@@ -201,7 +220,7 @@ def account_node(
             )
     else:
         evidence = [r for r in (last_good, report) if r is not None]
-        gpus = _declared_only(node, live, evidence, margin, history)
+        gpus = _declared_only(node, live, evidence, margin, history, now)
     mig = {
         profile: MigAccount(
             profile,
@@ -269,6 +288,7 @@ def _measured(
     report: ReportStatus,
     margin: int,
     history: History | None,
+    now: float,
 ) -> list[GPUAccount]:
     reported = {gpu.index: gpu for gpu in report.gpus}
     indices = sorted(set(range(node.count)) | reported.keys())
@@ -289,13 +309,14 @@ def _measured(
         usage = reported.get(index)
         return usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
 
-    occupied: dict[int, int] = {}
+    located_on: dict[int, list[str]] = {}
     for uid in located:
         for index, used in seen[uid].items():
             if used:
-                occupied[index] = occupied.get(index, 0) + 1
+                located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
-    limits = _spread(unlocated, shared_indices, occupied, history)
+    limits = _spread(unlocated, shared_indices, located_on, history, now)
+    growth: dict[int, tuple[int, int] | None] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     for claim in claims:
         where = seen.get(claim.uid, {})
@@ -314,7 +335,8 @@ def _measured(
             charge = max(_need(claim, node, total(index)), used)
             observed = used if index in seen.get(claim.uid, {}) else None
             lines.append(_charge(claim, observed, charge, False))
-        charges[index].extend(_cap(lines, unlocated, limits, index))
+        capped, growth[index] = _cap(lines, unlocated, limits, index)
+        charges[index].extend(capped)
     for gpu in report.gpus:
         for usage in gpu.pods:
             if usage.uid not in known:
@@ -329,6 +351,7 @@ def _measured(
             charges.get(index, []),
             margin,
             shared=index in shared_indices,
+            growth=growth.get(index, (0, 0)),
         )
         for index in sorted(charges)
     ]
@@ -369,6 +392,7 @@ def _declared_only(
     evidence: list[ReportStatus],
     margin: int,
     history: History | None,
+    now: float,
 ) -> list[GPUAccount]:
     """Declarations and the label, plus whatever the reports in ``evidence`` observed.
 
@@ -400,7 +424,7 @@ def _declared_only(
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
-    limits = _spread(shared, list(range(node.count)), {}, history)
+    limits = _spread(shared, list(range(node.count)), {}, history, now)
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
@@ -410,7 +434,7 @@ def _declared_only(
             _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
             for c in shared
         ]
-        pods = _cap(lines, shared, limits, index)
+        pods, growth = _cap(lines, shared, limits, index)
         # Foreign processes and pods the cache does not hold stay where they were seen.
         pods += [
             PodCharge(uid, key, None, held, held, True, False)
@@ -430,6 +454,7 @@ def _declared_only(
                 accounted,
                 total - accounted - margin,
                 tuple(pods),
+                room=_room(total - accounted - margin, growth),
             )
         )
     return gpus
@@ -443,6 +468,7 @@ def _gpu(
     margin: int,
     *,
     shared: bool,
+    growth: tuple[int, int] | None = (0, 0),
 ) -> GPUAccount:
     total = usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
     if node.memory_bytes > 0:
@@ -461,59 +487,97 @@ def _gpu(
         headroom=total - accounted - margin,
         pods=tuple(pods),
         shared=shared,
+        room=_room(total - accounted - margin, growth),
     )
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Per shared GPU, the most single-replica unlocated pods it can hold: ``now``
+    for the pods on the node, ``next`` with one more (a pod the filter asks about)."""
+
+    now: Mapping[int, int]
+    next: Mapping[int, int]
 
 
 def _spread(
     unlocated: list[PodClaim],
     shared_indices: list[int],
-    occupied: Mapping[int, int],
+    located: Mapping[int, list[str]],
     history: History | None,
-) -> dict[int, int] | None:
-    """Per shared GPU, the most single-replica ``unlocated`` pods it can hold; None: all.
+    now: float,
+) -> Spread | None:
+    """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
-    ``occupied`` counts the located replicas per GPU. Without a history that
-    covers every unlocated pod's life on the node, None (charged everywhere).
+    ``located`` lists the located pods per GPU. None without a history that
+    covers every unlocated pod's life on the node (headroom.spread).
     """
-    if len(shared_indices) < 2 or not unlocated or history is None:
+    if len(shared_indices) < 2 or history is None:
         return None
     created = [c.created for c in unlocated]
     if any(at is None or at < history.since for at in created):
         return None
-    window = min(at for at in created if at is not None)
+    window = min((at for at in created if at is not None), default=now)
     left: dict[int | None, int] = {}
     for at, index in history.departures:
         if at >= window:
             left[index] = left.get(index, 0) + 1
-    bounds = {h: occupied.get(h, 0) + left.get(h, 0) for h in shared_indices}
+    bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
+    own = {g: len(located.get(g, ())) for g in shared_indices}
     replicas = sum(c.shared for c in unlocated)
-    return {g: most_on_gpu(g, replicas, bounds, left.get(None, 0)) for g in shared_indices}
+    anywhere = left.get(None, 0)
+    return Spread(
+        now={g: most_on_gpu(g, replicas, bounds, anywhere, own[g]) for g in shared_indices},
+        next={g: most_on_gpu(g, replicas + 1, bounds, anywhere, own[g]) for g in shared_indices},
+    )
 
 
 def _cap(
     lines: list[PodCharge],
     unlocated: list[PodClaim],
-    limits: Mapping[int, int] | None,
+    spread: Spread | None,
     index: int,
-) -> list[PodCharge]:
-    """The unlocated pods' lines on GPU ``index``: the largest ``limits[index]`` single-
-    replica ones charged in full, the rest 0 (they cannot all be here); multi-replica
-    pods in full."""
-    if limits is None:
-        return lines
+) -> tuple[list[PodCharge], tuple[int, int] | None]:
+    """The unlocated pods' lines on GPU ``index``, and for a new single-replica pod
+    (``beside``, ``overflow``): what the charge here grows by beside it, and with
+    the largest pods that could then be here (None: it cannot land here).
+
+    The largest ``spread.now[index]`` single-replica lines are charged in full,
+    the rest 0 (they cannot all be here); multi-replica pods in full. With one
+    more pod, ``m = spread.next[index]`` of them can be here: the new pod fits
+    if it fits beside the largest ``m - 1`` and the largest ``m`` fit anyway.
+    """
+    if spread is None:
+        return lines, (0, 0)
     replicas = {c.uid: c.shared for c in unlocated}
-    single = sorted(
+    single = sorted((line.charged for line in lines if replicas.get(line.uid) == 1), reverse=True)
+    ranked = sorted(
         (line for line in lines if replicas.get(line.uid) == 1),
         key=lambda line: (-line.charged, line.uid),
     )
-    room = limits.get(index, len(single))
-    kept = {line.uid for line in single[:room]}
-    return [
+    now = spread.now.get(index, len(ranked))
+    kept = {line.uid for line in ranked[:now]}
+    capped = [
         line
         if line.uid in kept or replicas.get(line.uid, 1) != 1
         else replace(line, charged=0, spread=True)
         for line in lines
     ]
+    more = spread.next.get(index, len(single) + 1)
+    if more == 0:
+        return capped, None
+    charged_now = sum(single[:now])
+    return capped, (sum(single[: more - 1]) - charged_now, sum(single[:more]) - charged_now)
+
+
+def _room(headroom: int, growth: tuple[int, int] | None) -> int:
+    """Room on a GPU for one more single-replica pod (see :func:`_cap`)."""
+    if growth is None:
+        return CANNOT_LAND
+    beside, overflow = growth
+    if headroom - overflow < 0:
+        return headroom - overflow  # the node is over already, with one more here
+    return headroom - beside
 
 
 def _need(claim: PodClaim, node: NodeGPUs, gpu_total: int) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from headroom.accounting import NodeAccount
 from headroom.claims import Placement, PodClaim
 from headroom.names import GPU_MEMORY, GPU_SHARED, mig_resource
+from headroom.quantity import human_bytes
 
 MAX_SCORE = 10
 
@@ -63,6 +64,15 @@ def _fit_shared(account: NodeAccount, claim: PodClaim) -> Fit:
         # much it uses, and once bound it is charged the whole GPU; refuse it
         # with the fix rather than place it on a guess.
         return Fit(False, LEGACY)
+    if claim.shared > 1:
+        # Replicas the device plugin spreads over GPUs: charged on every one of them.
+        if claim.need <= account.everywhere_headroom:
+            return FITS
+        text = (
+            f"{claim.shared} replicas, each GPU charged: {human_bytes(account.everywhere_headroom)}"
+            f" headroom on the fullest < {claim.need_text} declared"
+        )
+        return Fit(False, _with_note(text, account.note))
     if claim.need <= account.shared_headroom:
         return FITS
     text = (

@@ -12,23 +12,28 @@ policy, the default (NVIDIA/k8s-device-plugin ``internal/rm/allocate.go``,
 to a GPU with the *fewest replicas allocated* at that moment.
 
 That gives a bound that holds whatever the order of allocations. Say ``x_g``
-of the ``k`` unlocated replicas are on GPU ``g`` now. When the last of them was
-allocated, ``g`` already held the other ``x_g - 1``, and every other GPU ``h``
+of the ``k`` unlocated replicas are on GPU ``g`` now (``x_g >= 1``), beside
+``o_g`` located ones. When the last of those ``x_g + o_g`` was allocated (an
+unlocated one, or a located one after them: either way after the oldest
+unlocated pod was created), ``g`` already held the other ``x_g + o_g - 1``,
+and every other GPU ``h``
 held no fewer than ``g`` (or was full, and then held more anyway). What ``h``
 held then is on ``h`` now, or has left since: at most ``c_h + x_h + e_h``,
 where ``c_h`` is its located replicas now plus the located replicas that left
 it since the oldest unlocated pod was created, ``x_h`` its unlocated replicas
 now, and ``e_h`` its share of the ``D`` replicas that left unlocated (from any
 GPU: spread as suits the worst case, ``Σ e_h <= D``). So
-``x_g - 1 <= c_h + x_h + e_h`` for every other GPU, the ``x_h`` sum to
+``x_g - 1 + o_g <= c_h + x_h + e_h`` for every other GPU, the ``x_h`` sum to
 ``k - x_g``, and the most ``x_g`` can be satisfies
 
-    x_g + max(0, Σ_{h≠g} max(0, x_g - 1 - c_h) - D) <= k
+    x_g + max(0, Σ_{h≠g} max(0, x_g - 1 + o_g - c_h) - D) <= k
+
+A pod the filter asks about counts as one more unlocated replica: the
+extender admits it where it fits beside what could be on each GPU with it.
 
 :func:`most_on_gpu` is the largest ``x_g`` that satisfies it. The accounting
 charges each GPU the largest ``x_g`` of the unlocated single-replica pods
-(a multi-replica pod stays charged on every GPU). Nothing about ``g``'s own
-located pods is assumed (they may have come after), and the bound needs the
+(a multi-replica pod stays charged on every GPU). The bound needs the
 departures: without their history (an extender restarted after the pod was
 created) the pod is charged everywhere, as before.
 
@@ -40,19 +45,23 @@ GPUs marked unhealthy (the allocator skips them). The README says so.
 from collections.abc import Mapping
 
 
-def most_on_gpu(gpu: int, unlocated: int, others: Mapping[int, int], anywhere: int = 0) -> int:
+def most_on_gpu(
+    gpu: int, unlocated: int, others: Mapping[int, int], anywhere: int = 0, own: int = 0
+) -> int:
     """The most of ``unlocated`` replicas that can be on ``gpu``.
 
     ``others`` maps every other shared GPU of the node to ``c_h``: its located
     replicas now plus the located ones that left it since the oldest unlocated
     pod was created; ``anywhere`` counts the replicas that left unlocated since
-    then. A GPU missing from ``others`` bounds nothing.
+    then; ``own`` counts ``gpu``'s located replicas. A GPU missing from ``others``
+    bounds nothing.
     """
     bounds = [count for index, count in others.items() if index != gpu]
     most = 0
     while most < unlocated:
         more = most + 1
-        needed = more + max(0, sum(max(0, more - 1 - count) for count in bounds) - anywhere)
+        level = more - 1 + own
+        needed = more + max(0, sum(max(0, level - count) for count in bounds) - anywhere)
         if needed > unlocated:
             break
         most = more

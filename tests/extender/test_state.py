@@ -1,8 +1,10 @@
 """The cluster state: informer events, cached accounts, staleness over time, assumptions."""
 
+from datetime import timedelta
+
 from extender.state import ClusterState
 from tests.extender.conftest import MARGIN, Clock
-from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
 
 
 def fresh_state() -> tuple[ClusterState, Clock]:
@@ -188,6 +190,13 @@ def test_bind_rechecks_against_a_report_that_turned_stale_since_the_filter() -> 
 # --- unlocated pods on many-GPU nodes (issue 8 §1, headroom.spread) -------------
 
 
+def tightest(state: ClusterState) -> int:
+    """The least headroom of any GPU now (not the room for one more pod)."""
+    account = state.account("gpu-a")
+    assert account is not None
+    return min(gpu.headroom for gpu in account.gpus)
+
+
 def eight_gpu_node_with(state: ClusterState, count: int, declared: str = "8Gi") -> list[str]:
     state.on_node("ADDED", gpu_node("gpu-a", gpus=8))
     uids = []
@@ -202,35 +211,55 @@ def test_ten_unlocated_pods_on_eight_gpus_are_charged_two_per_gpu() -> None:
     # Issue 8: each unlocated pod was charged to all eight GPUs, so a node took 4.
     state, _ = fresh_state()
     eight_gpu_node_with(state, 10)
-    assert headroom(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
     account = state.account("gpu-a")
     assert account is not None
+    assert {gpu.headroom for gpu in account.gpus} == {40 * GIB - 2 * 8 * GIB - MARGIN}
     gpu = account.gpus[0]
     assert sum(1 for p in gpu.pods if p.charged) == 2
     assert sum(1 for p in gpu.pods if p.spread and not p.charged) == 8
+    # An 11th pod still can land at most beside one other on any GPU.
+    assert headroom(state) == 40 * GIB - 8 * GIB - MARGIN
+
+
+def test_a_new_pod_goes_where_the_fewest_pods_are_once_they_are_located() -> None:
+    # 25 pods located: GPU 0 holds four, the others three. The device plugin gives
+    # a 26th pod one of the GPUs with three (they were all there before it).
+    state, clock = fresh_state()
+    uids = eight_gpu_node_with(state, 25)
+    usage: dict[int, dict[str, int]] = {g: {} for g in range(8)}
+    for i, uid in enumerate(uids):
+        usage[i % 8][uid] = 8 * GIB
+    clock.now += 1
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=EPOCH + timedelta(seconds=1)))
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].headroom == 40 * GIB - 4 * 8 * GIB - MARGIN  # 7.5 GiB: too little
+    assert headroom(state) == 40 * GIB - 3 * 8 * GIB - MARGIN  # but no new pod goes there
 
 
 def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() -> None:
     state, clock = fresh_state()
     eight_gpu_node_with(state, 8)
-    assert headroom(state) == 40 * GIB - 8 * GIB - MARGIN  # one per GPU
+    assert tightest(state) == 40 * GIB - 8 * GIB - MARGIN  # one per GPU
     # Seven pods leave (unlocated: each may have left any GPU). The eighth could
     # then have gone anywhere, and so could the next seven: two on one GPU at most.
     for i in range(1, 8):
         state.on_pod("DELETED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
     for i in range(8, 15):
         state.on_pod("ADDED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
-    assert headroom(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
+    assert tightest(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
     # An extender started after the pods were created knows no departures: everywhere.
     later = ClusterState(margin=MARGIN, stale_after=90.0, clock=lambda: clock.now + 3600)
     later.on_node("ADDED", gpu_node("gpu-a", gpus=8))
     for i in range(8):
         later.on_pod("ADDED", gpu_pod(f"q{i}", node="gpu-a", declared="4Gi"))
-    assert headroom(later) == 40 * GIB - 8 * 4 * GIB - MARGIN
+    assert tightest(later) == 40 * GIB - 8 * 4 * GIB - MARGIN
+    assert headroom(later) == tightest(later)
 
 
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
     eight_gpu_node_with(state, 4)
-    assert headroom(state) == 40 * GIB - 4 * 8 * GIB - MARGIN
+    assert tightest(state) == 40 * GIB - 4 * 8 * GIB - MARGIN
+    assert headroom(state) == tightest(state)

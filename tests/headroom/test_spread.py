@@ -21,6 +21,7 @@ class Pod:
     created: int
     gpu: int | None = None
     located: bool = False
+    located_at: int | None = None
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Node:
         }
         for g in range(self.gpus):
             actual = sum(1 for p in unlocated if p.gpu == g)
-            most = most_on_gpu(g, len(unlocated), bounds, left.count(None))
+            own = sum(1 for p in self.pods.values() if p.located and p.gpu == g)
+            most = most_on_gpu(g, len(unlocated), bounds, left.count(None), own)
             assert actual <= most, (g, actual, self)
 
 
@@ -79,7 +81,9 @@ def test_no_allocation_order_puts_more_unlocated_pods_on_a_gpu_than_the_bound(
         elif event == "locate":
             placed = [uid for uid in pods if node.pods[uid].gpu is not None]
             if placed:
-                node.pods[placed[pick % len(placed)]].located = True
+                chosen = node.pods[placed[pick % len(placed)]]
+                if not chosen.located:
+                    chosen.located, chosen.located_at = True, clock
         elif event == "leave" and pods:
             gone = node.pods.pop(pods[pick % len(pods)])
             node.departures.append((clock, gone.gpu if gone.located else None))
@@ -114,7 +118,7 @@ def test_pods_that_left_a_gpu_still_bound_the_newcomers_it_did_not_get() -> None
     # empty and GPU 0 could not hold three unlocated pods; it does.
     node = Node(gpus=2, replicas=8)
     for uid in range(3):
-        node.pods[uid] = Pod(created=uid, gpu=1, located=True)
+        node.pods[uid] = Pod(created=uid, gpu=1, located=True, located_at=uid)
     for uid in range(3, 6):
         node.pods[uid] = Pod(created=uid, gpu=0)
     for clock, uid in enumerate(range(3), start=6):
@@ -137,3 +141,11 @@ def test_pods_that_left_unlocated_count_as_having_left_any_gpu() -> None:
         node.departures.append((clock, None))
     node.check()
     assert most_on_gpu(0, 3, {1: 0}, anywhere=0) == 2  # what forgetting them would allow
+
+
+def test_a_gpu_with_more_located_pods_gets_no_newcomer() -> None:
+    # GPU 0 holds four located pods, the others three: the device plugin gives
+    # the next pod one of the others (whenever GPU 0's four came).
+    others = dict.fromkeys(range(1, 8), 3)
+    assert most_on_gpu(0, 1, others | {0: 4}, own=4) == 0
+    assert most_on_gpu(1, 1, others | {0: 4}, own=3) == 1
