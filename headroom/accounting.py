@@ -294,14 +294,21 @@ def _measured(
     indices = sorted(set(range(node.count)) | reported.keys())
     known = {c.uid: c for c in claims}
     seen: dict[str, dict[int, int]] = {}
+    allocated: dict[str, set[int]] = {}
     for gpu in report.gpus:
         for usage in gpu.pods:
             where = seen.setdefault(usage.uid, {})
             where[gpu.index] = where.get(gpu.index, 0) + usage.used_bytes
+            if usage.allocated:
+                allocated.setdefault(usage.uid, set()).add(gpu.index)
+    # Located: holding memory, or given exactly one GPU by kubelet (PodResources)
+    # before it holds any -- one replica is one GPU.
     located = {
         uid
         for uid, where in seen.items()
-        if uid in known and known[uid].shared == 1 and any(where.values())
+        if uid in known
+        and known[uid].shared == 1
+        and (any(where.values()) or len(allocated.get(uid, ())) == 1)
     }
     shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
 
@@ -312,7 +319,7 @@ def _measured(
     located_on: dict[int, list[str]] = {}
     for uid in located:
         for index, used in seen[uid].items():
-            if used:
+            if used or index in allocated.get(uid, ()):
                 located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
     limits = _spread(unlocated, shared_indices, located_on, history, now)

@@ -14,6 +14,10 @@ from pydantic.alias_generators import to_camel
 from headroom.names import API_VERSION, REPORT_KIND
 
 SCHEMA_VERSION = 1
+"""Bumped only when a field changes meaning, so that a reader must not trust what it
+would misread: readers fall back to declarations on any other version. A field
+added with a default that means "as before" (``PodUsage.allocated``) is no bump:
+an older extender ignores it, a newer one reads an older report as before."""
 
 
 class _Model(BaseModel):
@@ -31,6 +35,9 @@ class PodUsage(_Model):
     starved_bytes: int | None = Field(default=None, ge=0)
     """Simulated backend only: memory the pod asked for and the full GPU refused
     (what real CUDA reports as out-of-memory). Absent from NVML reports."""
+    allocated: bool = False
+    """kubelet allocated this GPU (or one of its replicas) to the pod, per PodResources
+    (the simulated backend: its stand-in device plugin did): listed even at 0 bytes."""
 
 
 class MigDeviceUsage(_Model):

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from headroom import names
 from headroom.quantity import GIB, MIB
 from headroom.reports import (
+    SCHEMA_VERSION,
     Condition,
     GPUUsage,
     MigDeviceUsage,
@@ -99,6 +100,7 @@ def rich_report() -> ReportStatus:
         containers=["jupyter"],
         used_bytes=30 * GIB,
         starved_bytes=2 * GIB,
+        allocated=True,
     )
     return ReportStatus(
         node_name="gpu-node-1",
@@ -161,6 +163,17 @@ def test_every_field_the_agent_writes_is_declared_and_valid(status: ReportStatus
     assert obj["kind"] == names.REPORT_KIND
     assert problems(root_schema(), obj) == []
     assert parse_report(obj) == status  # and it reads back as written
+
+
+def test_a_report_from_before_allocated_reads_as_not_allocated() -> None:
+    """``allocated`` came without a schemaVersion bump: an older agent's pods are
+    read as they were meant, listed for the memory they hold."""
+    obj: Any = report_object(rich_report())
+    assert obj["status"]["gpus"][0]["pods"][0]["allocated"] is True
+    del obj["status"]["gpus"][0]["pods"][0]["allocated"]
+    status = parse_report(obj)
+    assert status.schema_version == SCHEMA_VERSION
+    assert not status.gpus[0].pods[0].allocated
 
 
 def test_the_checker_catches_what_the_apiserver_would_prune_or_refuse() -> None:

@@ -48,7 +48,9 @@ def report(
     total: float = 40,
     mig_enabled: frozenset[int] = frozenset(),
     conditions: list[Condition] | None = None,
+    allocated: dict[int, set[str]] | None = None,
 ) -> ReportStatus:
+    """``usage``: GPU -> pod -> GiB held; ``allocated``: GPU -> pods kubelet gave it."""
     gpus = [
         GPUUsage(
             index=index,
@@ -58,7 +60,14 @@ def report(
             used_bytes=0,
             free_bytes=0,
             mig_enabled=index in mig_enabled,
-            pods=[PodUsage(uid=uid, used_bytes=int(used * GIB)) for uid, used in pods.items()],
+            pods=[
+                PodUsage(
+                    uid=uid,
+                    used_bytes=int(used * GIB),
+                    allocated=uid in (allocated or {}).get(index, set()),
+                )
+                for uid, used in pods.items()
+            ],
             unattributed_bytes=int((unattributed or {}).get(index, 0) * GIB),
         )
         for index, pods in usage.items()
@@ -154,6 +163,27 @@ def test_multi_gpu_located_pods_charge_one_gpu_unlocated_charge_all() -> None:
     assert gpu1.accounted == (8 + 4) * GIB
     assert result.tightest is gpu0
     assert result.shared_headroom == gpu0.headroom
+
+
+def test_a_pod_kubelet_allocated_is_located_before_it_holds_memory() -> None:
+    node = a100(count=2)
+    claims = [pod("fresh", 10), pod("starting", 8)]
+    status = report({0: {}, 1: {"fresh": 0}}, allocated={1: {"fresh"}})
+    gpu0, gpu1 = account(node, claims, status).gpus
+    assert {p.uid for p in gpu0.pods} == {"starting"}
+    assert {p.uid: p.located for p in gpu1.pods} == {"fresh": True, "starting": False}
+    assert (gpu0.accounted, gpu1.accounted) == (8 * GIB, 18 * GIB)
+    # Listed at 0 bytes without kubelet's word, it is where it may be: everywhere.
+    gpu0, gpu1 = account(node, claims, report({0: {}, 1: {"fresh": 0}})).gpus
+    assert (gpu0.accounted, gpu1.accounted) == (18 * GIB, 18 * GIB)
+
+
+def test_a_one_replica_pod_allocated_on_two_gpus_is_not_located() -> None:
+    # Not what kubelet says of a one-replica pod; if a report does, it locates nothing.
+    status = report({0: {"odd": 0}, 1: {"odd": 0}}, allocated={0: {"odd"}, 1: {"odd"}})
+    result = account(a100(count=3), [pod("odd", 10)], status)
+    assert [g.accounted for g in result.gpus] == [10 * GIB] * 3
+    assert not any(p.located for g in result.gpus for p in g.pods)
 
 
 def test_tightest_gpu_decides_fit_on_a_multi_gpu_node() -> None:
@@ -270,27 +300,32 @@ def test_declared_memory_on_a_gpu_never_exceeds_its_total(gpus: int, history: li
     node = replace(a100(count=gpus), memory_bytes=16 * GIB)  # small, so that GPUs fill up
     bound: dict[str, tuple[PodClaim, tuple[int, ...]]] = {}  # uid -> (claim, its real GPUs)
     seen: dict[str, int] = {}  # what the latest report shows: uid -> bytes (on its first GPU)
+    allocated: set[str] = set()  # pods the latest report lists as kubelet allocated them
     unattributed = 0
     report_age = 1.0
     for number, (kind, a, b) in enumerate(history):
         if kind == "bind":
             where = _placed(b, gpus)
             claim = pod(f"p{number}", a, shared=len(where))
-            status = _report_of(gpus, bound, seen, unattributed, report_age)
+            status = _report_of(gpus, bound, seen, allocated, unattributed, report_age)
             if fit(account(node, [c for c, _ in bound.values()], status), claim).fits:
                 bound[claim.uid] = (claim, where)
         elif kind == "delete" and bound:
             uid = sorted(bound)[a % len(bound)]
             del bound[uid]
             seen.pop(uid, None)
+            allocated.discard(uid)
         elif kind == "report":
             # The agent sees some pods, holding anything, each on the first GPU it really
-            # uses (a second replica that holds nothing yet is invisible to NVML).
-            seen = {
-                uid: (1 + (a >> i) % 3) * claim.need // 2 + 1
+            # uses (a second replica that holds nothing yet is invisible to NVML); with
+            # kubelet's word (PodResources), on every GPU it has, held or not.
+            picked = [
+                (uid, claim, (a >> i) % 3)
                 for i, (uid, (claim, _)) in enumerate(sorted(bound.items()))
                 if (a >> i) & 1
-            }
+            ]
+            seen = {uid: 0 if k == 0 else k * claim.need // 2 + 1 for uid, claim, k in picked}
+            allocated = {uid for uid, _, k in picked if k != 1}
             unattributed = b * GIB // 4
             report_age = 1.0
         elif kind == "stale":
@@ -304,11 +339,17 @@ def _report_of(
     gpus: int,
     bound: dict[str, tuple[PodClaim, tuple[int, ...]]],
     seen: dict[str, int],
+    allocated: set[str],
     unattributed: int,
     age: float,
 ) -> ReportStatus:
     usage: dict[int, dict[str, float]] = {i: {} for i in range(gpus)}
+    given: dict[int, set[str]] = {i: set() for i in range(gpus)}
     for uid, used in seen.items():
         usage[bound[uid][1][0]][uid] = used / GIB
+    for uid in allocated:
+        for index in bound[uid][1]:
+            usage[index].setdefault(uid, 0)
+            given[index].add(uid)
     unattributed_gib = dict.fromkeys(range(gpus), unattributed / GIB)
-    return report(usage, age=age, unattributed=unattributed_gib, total=16)
+    return report(usage, age=age, unattributed=unattributed_gib, total=16, allocated=given)
