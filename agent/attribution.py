@@ -5,6 +5,11 @@ cache (pods bound to this node) knows. Everything else a GPU has in use -- the
 driver's own reservation, processes outside Kubernetes, pods not yet in the
 cache, processes whose memory NVML cannot attribute -- is ``unattributedBytes``,
 so the extender counts it against headroom rather than losing it.
+
+A pod the device plugin gave a GPU (``GPU.allocated``: kubelet's PodResources
+answer, or the simulation's choice) is listed on it with ``allocated: true``,
+at 0 bytes until it holds memory: the extender then knows its GPU from the
+moment kubelet admits it, not from its first ``cudaMalloc``.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -87,7 +92,7 @@ def _availability(
 
 def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
     mig_devices = [_mig(device, pods, resolve) for device in gpu.mig_devices]
-    whole = _pods(gpu.processes, pods, resolve)
+    whole = _pods(gpu.processes, gpu.allocated, pods, resolve)
     attributed = sum(p.used_bytes for p in whole) + sum(
         p.used_bytes for device in mig_devices for p in device.pods
     )
@@ -112,14 +117,18 @@ def _mig(device: MigDevice, pods: Mapping[str, Pod], resolve: Resolver) -> MigDe
         profile=device.profile,
         total_bytes=device.total_bytes,
         used_bytes=device.used_bytes,
-        pods=_pods(device.processes, pods, resolve),
+        pods=_pods(device.processes, device.allocated, pods, resolve),
     )
 
 
 def _pods(
-    processes: Iterable[GPUProcess], pods: Mapping[str, Pod], resolve: Resolver
+    processes: Iterable[GPUProcess],
+    allocated: Iterable[str],
+    pods: Mapping[str, Pod],
+    resolve: Resolver,
 ) -> list[PodUsage]:
-    totals: dict[str, _PodTotal] = {}
+    totals: dict[str, _PodTotal] = {uid: _PodTotal() for uid in allocated if uid in pods}
+    given = set(totals)
     for process in processes:
         uid, container = _owner(process, pods, resolve)
         if uid is None:
@@ -141,6 +150,7 @@ def _pods(
                 containers=sorted(total.containers),
                 used_bytes=total.used,
                 starved_bytes=total.starved,
+                allocated=uid in given,
             )
         )
     return usages

@@ -36,6 +36,8 @@ class MigDevice:
     total_bytes: int
     used_bytes: int
     processes: tuple[GPUProcess, ...] = ()
+    allocated: frozenset[str] = frozenset()
+    """UIDs of the pods the device plugin gave this device (see ``GPU.allocated``)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class GPU:
     mig_devices: tuple[MigDevice, ...] = ()
     processes: tuple[GPUProcess, ...] = ()
     """Processes on the whole GPU; on a MIG GPU they are under each device."""
+    allocated: frozenset[str] = frozenset()
+    """UIDs of the pods the device plugin gave this GPU or a replica of it: kubelet's
+    word (PodResources, added by the agent, :mod:`agent.allocations`) on a real node,
+    the simulation's own choice on a fake one. Listed in the report before they use it."""
     error: str = ""
     """Why NVML could not read this GPU; its figures are then not measurements."""
 

@@ -4,8 +4,9 @@ Writes are bounded. A report is written when it differs *significantly* from
 the last one written -- a GPU's used, free or unattributed memory, or a pod's
 usage, moved by more than ``max(threshold_bytes, threshold_fraction * GPU
 total)``; a pod, GPU or MIG device appeared or went; a pod started or stopped
-starving; a condition changed -- and otherwise once per ``heartbeat_seconds``,
-so readers can tell a live agent from a dead one by ``observedAt``.
+starving, or kubelet's word on its GPU came or went; a condition changed -- and
+otherwise once per ``heartbeat_seconds``, so readers can tell a live agent from
+a dead one by ``observedAt``.
 
 Write rate per node, with the defaults (5 s interval, 30 s heartbeat): 2 per
 minute when nothing moves, at most 12 per minute (one per tick) while memory
@@ -91,6 +92,10 @@ def _pods_change(old: list[PodUsage], new: list[PodUsage], limit: int) -> str | 
         if bool(pod.starved_bytes) != bool(was.starved_bytes):
             change = "starts" if pod.starved_bytes else "stops"
             return f"pod {pod.namespace}/{pod.name} {change} starving"
+        if pod.allocated != was.allocated:
+            # Memory may have located it first; kubelet's word can come later.
+            change = "allocated" if pod.allocated else "no longer allocated"
+            return f"pod {pod.namespace}/{pod.name} {change}"
     return None
 
 

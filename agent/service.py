@@ -5,7 +5,8 @@ reporter, guard, pod actions), so tests drive it without a cluster.
 :func:`serve` wires the real parts: a pod informer limited to this node
 (``spec.nodeName``), GPUSharingPolicy and Namespace informers for the guard
 (a pod's policy is its namespace's label, never its own annotation), the node's
-labels for the simulated backend, and the HTTP port.
+labels for the simulated backend, kubelet's PodResources socket for the nvml
+one (which GPU each pod was given, :mod:`agent.allocations`), and the HTTP port.
 
 Nothing here raises out of the loop: a failed tick is logged and the next one
 runs on time, so the DaemonSet pod never crash-loops on a GPU or API problem.
@@ -16,7 +17,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes import client
 
+from agent.allocations import Allocations, KubeletAllocations, with_allocations
 from agent.attribution import Resolver, build_status
 from agent.caches import NodeCache, PolicyCache
 from agent.cgroups import container_of_pid
@@ -32,6 +34,7 @@ from agent.client import PodActions, ReportWriter
 from agent.gpuspec import GPUSpec
 from agent.guard import Guard, Namespace, Verdict
 from agent.nvml import NvmlProbe
+from agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from agent.probe import BackendName, Probe, ProbeUnavailable, Snapshot
 from agent.reporter import Reporter, WritePolicy
 from agent.server import AgentMetrics, create_app
@@ -60,6 +63,9 @@ class AgentConfig:
     host: str = "0.0.0.0"
     """Address for that port: all interfaces in a Pod, 127.0.0.1 on a laptop."""
     nvml_retry_seconds: float = 60.0
+    pod_resources_socket: str = DEFAULT_SOCKET
+    """kubelet's PodResources socket, asked each tick which GPU each pod was given
+    (nvml backend; the simulation decides that itself); "" asks nothing."""
 
 
 class Actions(Protocol):
@@ -83,6 +89,7 @@ class Agent:
         policies: Callable[[], Mapping[str, GPUSharingPolicy]] = dict,
         namespaces: Callable[[], Mapping[str, Namespace]] = dict,
         resolve: Resolver = lambda pid: None,
+        allocations: Callable[[Mapping[str, Pod]], Awaitable[Allocations]] | None = None,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -95,6 +102,7 @@ class Agent:
         self._policies = policies
         self._namespaces = namespaces
         self._resolve = resolve
+        self._allocations = allocations
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         self.last: ReportStatus | None = None
@@ -112,6 +120,8 @@ class Agent:
                 snapshot = self._probe.snapshot()
         except ProbeUnavailable as err:
             failure = err
+        if snapshot is not None and self._allocations is not None:
+            snapshot = with_allocations(snapshot, await self._allocations(pods))
         self._note_availability(failure)
         status = build_status(
             node_name=self._node_name,
@@ -246,6 +256,13 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         )
     else:
         probe = NvmlProbe(retry_seconds=config.nvml_retry_seconds)
+    kubelet = None
+    if config.backend == "nvml" and config.pod_resources_socket:
+        # Bounded well inside a tick: a stuck kubelet delays the report, never skips it.
+        timeout = min(2.0, config.interval_seconds / 2)
+        kubelet = KubeletAllocations(
+            PodResourcesClient(config.pod_resources_socket, timeout_seconds=timeout)
+        )
     agent = Agent(
         node_name=config.node_name,
         probe=probe,
@@ -256,6 +273,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         policies=lambda: policy_cache.policies,
         namespaces=lambda: namespace_informer.items,
         resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
+        allocations=kubelet.read if kubelet is not None else None,
     )
     pod_informer.start()
     policy_informer.start()
@@ -279,6 +297,8 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         namespace_informer.stop()
         for task in tasks:
             task.cancel()
+        if kubelet is not None:
+            await kubelet.close()
         if runner is not None:
             await runner.cleanup()
 

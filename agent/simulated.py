@@ -20,7 +20,9 @@ order), a non-MIG GPU holding the fewest pods (the lowest index on a tie) and
 keeps it -- the plugin's default ``distributed`` policy, which the extender's
 bound on unlocated pods relies on (headroom.spread); a MIG pod gets the first
 free device of its profile. A restarted agent deals the running pods out again
-in start order.
+in start order. The device a pod asking for a GPU resource gets is
+``allocated`` to it from then on, holding memory or not, as kubelet's
+PodResources answer says on a real node (agent.allocations).
 """
 
 import logging
@@ -61,6 +63,8 @@ class _Load:
     container: str
     started: datetime
     demand: int
+    allocated: bool = False
+    """It asked for a GPU resource, so the device plugin gave it this device."""
 
 
 class SimulatedProbe:
@@ -176,7 +180,7 @@ class SimulatedProbe:
         else:
             demand = _declared(pod)
         container = requests[0].container.name if requests else ""
-        load = _Load(uid, container, started, max(demand, 0))
+        load = _Load(uid, container, started, max(demand, 0), allocated=bool(requests))
         profile = profile_from_resource(requests[0].resource) if requests else None
         if profile is not None:
             device = self._mig_device(uid, profile, gpus)
@@ -253,6 +257,9 @@ class SimulatedProbe:
                 for load in loads.get(key, [])
             )
 
+        def allocated(key: str) -> frozenset[str]:
+            return frozenset(load.uid for load in loads.get(key, []) if load.allocated)
+
         migs = tuple(
             MigDevice(
                 uuid=key,
@@ -260,6 +267,7 @@ class SimulatedProbe:
                 total_bytes=self._devices[key].total,
                 used_bytes=sum(self._devices[key].held.values()),
                 processes=processes(key),
+                allocated=allocated(key),
             )
             for key in mig_uuids
         )
@@ -276,6 +284,7 @@ class SimulatedProbe:
             mig_enabled=bool(migs),
             mig_devices=migs,
             processes=() if migs else processes(gpu_uuid),
+            allocated=frozenset() if migs else allocated(gpu_uuid),
         )
 
 

@@ -3,10 +3,11 @@
 Measures GPU memory every --interval (NVML, or a simulation for fake nodes),
 maps each GPU process to its pod through /proc/<pid>/cgroup (the pod needs
 hostPID: true), and publishes a GPUNodeReport named after the node: on a
-significant change, and at least every --heartbeat. A pod using more GPU
-memory than it declared gets a Warning Event and, under a policy with
-guard: evict, is evicted. Without an NVIDIA driver the report says
-NVMLAvailable=False and the agent keeps running.
+significant change, and at least every --heartbeat. A pod is listed on the
+GPU kubelet allocated it (PodResources, --pod-resources-socket) before it
+holds memory there. A pod using more GPU memory than it declared gets a
+Warning Event and, under a policy with guard: evict, is evicted. Without an
+NVIDIA driver the report says NVMLAvailable=False and the agent keeps running.
 """
 
 import argparse
@@ -20,6 +21,9 @@ from typing import Any
 from cli.options import add_kubeconfig, duration
 
 log = logging.getLogger(__name__)
+
+_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""agent.podresources.DEFAULT_SOCKET, spelled out so that --help imports no gRPC."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -54,6 +58,13 @@ def add_parser(subparsers: Any) -> None:
         default=Path("/proc"),
         metavar="DIR",
         help="where to read <pid>/cgroup (default /proc; needs hostPID)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help="kubelet's PodResources socket, asked which GPU each pod was given "
+        "(nvml backend; default %(default)s); an empty string asks nothing",
     )
     parser.add_argument(
         "--sim-gpus",
@@ -114,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         grace=args.guard_grace,
         port=args.port,
         host=args.host,
+        pod_resources_socket=args.pod_resources_socket,
     )
     return asyncio.run(_main(config, args.kubeconfig))
 

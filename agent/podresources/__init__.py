@@ -1,6 +1,6 @@
 """The kubelet PodResources API client: which GPU each container was allocated.
 
-Built and tested against a real gRPC server; not yet read by the reporter.
+Built and tested against a real gRPC server; read each tick by ``agent.allocations``.
 ``client`` speaks the API, ``devices`` turns device IDs into GPU UUIDs, and
 ``api_pb2``/``api_pb2_grpc`` are generated from the vendored ``api.proto``.
 """

@@ -146,3 +146,48 @@ def test_simulated_processes_name_their_pod_directly() -> None:
         ("uid-b", ["main"], GIB)
     ]
     assert status.conditions[0].reason == "Simulated"
+
+
+def test_a_pod_given_the_gpu_is_listed_before_it_holds_memory() -> None:
+    gpu = GPU(
+        index=1,
+        uuid="GPU-2",
+        product="NVIDIA A100-PCIE-40GB",
+        total_bytes=40 * GIB,
+        used_bytes=3 * GIB,
+        free_bytes=37 * GIB,
+        processes=(GPUProcess(pid=100, used_bytes=3 * GIB),),
+        # a holds memory too; b is still pulling its image; the third pod is not cached
+        allocated=frozenset({"uid-a", "uid-b", "uid-not-cached"}),
+    )
+    mig = GPU(
+        index=0,
+        uuid="GPU-1",
+        product="NVIDIA A100-SXM4-40GB",
+        total_bytes=40 * GIB,
+        used_bytes=0,
+        free_bytes=40 * GIB,
+        mig_enabled=True,
+        mig_devices=(
+            MigDevice("MIG-1", "3g.20gb", 19968 * MIB, 0, allocated=frozenset({"uid-b"})),
+        ),
+    )
+    status = build_status(
+        node_name="n",
+        backend="nvml",
+        observed_at=NOW,
+        snapshot=Snapshot((mig, gpu)),
+        failure=None,
+        pods=PODS,
+        resolve=resolve,
+    )
+    on_mig, whole = status.gpus
+    assert [(p.uid, p.used_bytes, p.allocated) for p in whole.pods] == [
+        ("uid-a", 3 * GIB, True),
+        ("uid-b", 0, True),
+    ]
+    assert whole.unattributed_bytes == 0
+    assert [(p.uid, p.name, p.allocated) for p in on_mig.mig_devices[0].pods] == [
+        ("uid-b", "b", True)
+    ]
+    assert on_mig.pods == []

@@ -15,10 +15,18 @@ def status(
     *,
     pods: dict[str, int] | None = None,
     starved: int | None = None,
+    allocated: bool = False,
     available: bool = True,
 ) -> ReportStatus:
     pod_usage = [
-        PodUsage(uid=uid, namespace="ml", name=uid, used_bytes=bytes_, starved_bytes=starved)
+        PodUsage(
+            uid=uid,
+            namespace="ml",
+            name=uid,
+            used_bytes=bytes_,
+            starved_bytes=starved,
+            allocated=allocated,
+        )
         for uid, bytes_ in (pods or {"p1": used}).items()
     ]
     return ReportStatus(
@@ -60,6 +68,8 @@ def test_what_counts_as_a_change() -> None:
     starving = change_reason(base, status(starved=1), policy)
     assert starving is not None
     assert "starts starving" in starving
+    # Already located by its memory, but kubelet's word is what keeps it there at 0 bytes.
+    assert change_reason(base, status(allocated=True), policy) == "gpu 0: pod ml/p1 allocated"
     assert change_reason(base, status(available=False), policy) == "condition changed"
     small_gpu = WritePolicy(threshold_fraction=0.0)  # only the 64 MiB floor
     assert change_reason(base, status(10 * GIB + 100 * MIB), small_gpu) is not None

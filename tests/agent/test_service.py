@@ -10,11 +10,12 @@ from aiohttp import web
 
 from agent.caches import PolicyCache
 from agent.guard import Guard
+from agent.podresources import DEFAULT_SOCKET
 from agent.probe import BackendName, Snapshot
 from agent.reporter import Reporter
 from agent.server import AgentMetrics, create_app
 from agent.service import Agent
-from cli.main import main
+from cli.main import build_parser, main
 from cli.options import duration
 from devcluster.state import free_port
 from headroom import names
@@ -133,3 +134,9 @@ def test_command_line_errors_exit_2(
     with caplog.at_level(logging.ERROR):
         assert main(argv) == 2
     assert message in caplog.text
+
+
+def test_pod_resources_socket_defaults_to_kubelets_and_empty_asks_nothing() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["agent"]).pod_resources_socket == DEFAULT_SOCKET
+    assert parser.parse_args(["agent", "--pod-resources-socket", ""]).pod_resources_socket == ""

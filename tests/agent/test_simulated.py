@@ -2,10 +2,12 @@
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from agent.attribution import build_status
 from agent.gpuspec import GPUSpec, parse_gpu_spec, spec_from_node
 from agent.probe import GPU, ProbeUnavailable
 from agent.simulated import SimulatedProbe
@@ -300,3 +302,44 @@ def test_shared_pods_get_the_gpu_with_fewest_pods_and_keep_it() -> None:
     emptied = [g for g in range(8) if g not in second.values() or g == second["uid-new"]]
     assert second["uid-new"] in emptied
     assert list(second.values()).count(second["uid-new"]) == 1
+
+
+def test_a_pod_is_allocated_its_gpu_before_it_holds_memory() -> None:
+    # What kubelet's PodResources says on a real node: the extender locates it at once.
+    cpu_only = pod("cpu", "uid-3-cpu", annotations=usage(pattern="steady", base="1Gi"))
+    cpu_only["spec"]["containers"][0]["resources"] = {}
+    pods = [
+        pod("busy", "uid-1-busy", annotations=usage(pattern="steady", base="2Gi")),
+        pod("idle", "uid-2-idle", annotations=usage(pattern="steady", base="0")),
+        cpu_only,
+    ]
+    probe = SimulatedProbe("n", pods=lambda: pods, spec=GPUSpec(3, 40 * GIB))
+    gpus = probe.snapshot().gpus
+    assert [sorted(g.allocated) for g in gpus] == [["uid-1-busy"], ["uid-2-idle"], []]
+    assert {p.pod_uid: p.used_bytes for p in gpus[1].processes} == {"uid-2-idle": 0}
+    status = build_status(
+        node_name="n",
+        backend="simulated",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        snapshot=probe.snapshot(),
+        failure=None,
+        pods={p["metadata"]["uid"]: p for p in pods},
+        resolve=lambda pid: None,
+    )
+    listed = {(g.index, p.uid): (p.used_bytes, p.allocated) for g in status.gpus for p in g.pods}
+    assert listed == {
+        (0, "uid-1-busy"): (2 * GIB, True),
+        (1, "uid-2-idle"): (0, True),
+        (2, "uid-3-cpu"): (GIB, False),  # a pattern and no GPU resource: nothing to allocate
+    }
+
+
+def test_a_mig_pod_is_allocated_its_device() -> None:
+    node = a100_node(
+        **{"nvidia.com/mig-3g.20gb.memory": "19968", names.LABEL_MIG_STRATEGY: "mixed"}
+    )
+    node["status"]["capacity"] = {"nvidia.com/mig-3g.20gb": "2"}
+    pods = [pod("a", "uid-a", resource="nvidia.com/mig-3g.20gb")]
+    (gpu,) = SimulatedProbe("gpu-node-1", pods=lambda: pods, node=lambda: node).snapshot().gpus
+    assert gpu.allocated == frozenset()
+    assert [d.allocated for d in gpu.mig_devices] == [frozenset({"uid-a"}), frozenset()]

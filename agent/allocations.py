@@ -1,0 +1,134 @@
+"""Which pods kubelet gave each GPU: its PodResources answer, keyed for the report.
+
+kubelet's ``List`` names pods by namespace and name, and their devices by the
+device plugin's IDs (:mod:`agent.podresources`); the report keys pods by UID
+and GPUs by UUID. A replica or MIG ID becomes its UUID
+(:func:`agent.podresources.parse_device_id`), which the snapshot's GPUs and MIG
+devices carry; a name becomes a UID through the agent's pod cache, only for a
+pod kubelet has started (``status.startTime``, which kubelet sets after
+admitting the pod, and so after allocating its devices) and that the answer
+names once. A pod force-deleted and recreated under its name is, for a while,
+two pods to kubelet and one to the apiserver: the name then does not say whose
+devices they are, and the pod stays unlocated rather than placed on the GPU
+another pod holds.
+
+Asking kubelet never costs a report: a missing socket, a kubelet down, slow or
+rate-limiting, is logged once per reason, and the tick goes on without
+allocations, as the agent did before it asked.
+"""
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from agent.podresources import PodDevices, PodResourcesClient, PodResourcesError, parse_device_id
+from agent.podresources.devices import UnknownDeviceID
+from agent.probe import Snapshot
+
+log = logging.getLogger(__name__)
+
+Pod = Mapping[str, Any]
+Allocations = Mapping[str, frozenset[str]]
+"""Device UUID (``GPU-…`` or ``MIG-…``) -> UIDs of the pods kubelet gave it."""
+
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+
+
+def pods_by_device(
+    answer: Iterable[PodDevices], pods: Mapping[str, Pod]
+) -> tuple[dict[str, frozenset[str]], list[UnknownDeviceID]]:
+    """Device UUID -> pod UIDs, from kubelet's ``List`` and the pod cache (keyed by
+    UID); and the device IDs in no form the NVIDIA device plugin writes, skipped."""
+    answer = list(answer)
+    names = Counter((entry.namespace, entry.name) for entry in answer)
+    uids = {_key(pod): uid for uid, pod in pods.items() if _started(pod)}
+    found: dict[str, set[str]] = {}
+    unknown: list[UnknownDeviceID] = []
+    for entry in answer:
+        key = (entry.namespace, entry.name)
+        uid = uids.get(key)
+        if uid is None or names[key] > 1:
+            continue
+        for device_id in entry.device_ids():
+            try:
+                found.setdefault(parse_device_id(device_id).uuid, set()).add(uid)
+            except UnknownDeviceID as err:
+                unknown.append(err)
+    return {uuid: frozenset(owners) for uuid, owners in found.items()}, unknown
+
+
+def with_allocations(snapshot: Snapshot, allocations: Allocations) -> Snapshot:
+    """``snapshot`` with each GPU and MIG device carrying the pods kubelet gave it.
+
+    A device the snapshot does not have (another driver's, or a MIG layout that
+    changed) is ignored: the report keys GPUs by what NVML measures.
+    """
+    if not allocations:
+        return snapshot
+    gpus = []
+    for gpu in snapshot.gpus:
+        migs = tuple(
+            replace(m, allocated=m.allocated | allocations.get(m.uuid, frozenset()))
+            for m in gpu.mig_devices
+        )
+        gpus.append(
+            replace(
+                gpu,
+                allocated=gpu.allocated | allocations.get(gpu.uuid, frozenset()),
+                mig_devices=migs,
+            )
+        )
+    return replace(snapshot, gpus=tuple(gpus))
+
+
+class KubeletAllocations:
+    """Asks kubelet each tick; an empty answer when it cannot say."""
+
+    def __init__(self, client: PodResourcesClient) -> None:
+        self._client = client
+        self._failing: str | None = None
+        """The reason of the current run of failures, logged once at its start."""
+        self._unknown: set[str] = set()
+        """Device IDs already logged as unknown: the same ones come back every tick."""
+
+    async def read(self, pods: Mapping[str, Pod]) -> dict[str, frozenset[str]]:
+        try:
+            answer = await self._client.list()
+        except PodResourcesError as err:
+            if err.reason in ("SocketMissing", "Unavailable"):
+                # A fresh channel next tick: gRPC's own reconnect backs off for up
+                # to two minutes, and a restarted kubelet makes a new socket.
+                await self._client.close()
+            if err.reason != self._failing:
+                log.warning(
+                    "pods are located by the memory they hold only: %s (%s)",
+                    err.message,
+                    err.reason,
+                )
+                self._failing = err.reason
+            return {}
+        if self._failing is not None:
+            log.info("kubelet PodResources answers again: pods are located at allocation")
+            self._failing = None
+        allocations, unknown = pods_by_device(answer, pods)
+        for bad in unknown:
+            if bad.device_id not in self._unknown:
+                self._unknown.add(bad.device_id)
+                log.warning("ignoring a device kubelet allocated: %s", bad)
+        return allocations
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def _key(pod: Pod) -> tuple[str, str]:
+    metadata = pod.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _started(pod: Pod) -> bool:
+    """kubelet admitted it (and so allocated its devices), and it has not ended."""
+    status = pod.get("status") or {}
+    return bool(status.get("startTime")) and status.get("phase") not in _TERMINAL

@@ -1,0 +1,222 @@
+"""kubelet's PodResources answer becomes each GPU's allocated pods: on plain data,
+then through the agent's tick against a real gRPC server speaking kubelet's proto."""
+
+import logging
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpc import aio
+
+from agent.allocations import KubeletAllocations, pods_by_device, with_allocations
+from agent.guard import Guard
+from agent.podresources import ContainerDevices, PodDevices, PodResourcesClient
+from agent.podresources import api_pb2 as pb
+from agent.podresources import api_pb2_grpc as pb_grpc
+from agent.probe import GPU, BackendName, MigDevice, Snapshot
+from agent.reporter import Reporter
+from agent.service import Agent
+from headroom.quantity import GIB, MIB
+from tests.agent.doubles import ActionsDouble, WriterDouble, pod
+from tests.agent.test_podresources import GPU0, GPU1, MIG, Kubelet
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+def answer(namespace: str, name: str, resource: str, *device_ids: str) -> PodDevices:
+    return PodDevices(namespace, name, (ContainerDevices("main", {resource: device_ids}),))
+
+
+def cache(*pods: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["uid"]: p for p in pods}
+
+
+def test_replica_ids_name_the_gpu_and_names_become_uids() -> None:
+    pods = cache(
+        pod("a", "uid-a", namespace="ml"),
+        pod("b", "uid-b", namespace="ml"),
+        pod("m", "uid-m", namespace="ml", resource="nvidia.com/mig-1g.5gb"),
+    )
+    found, unknown = pods_by_device(
+        [
+            answer("ml", "a", SHARED, f"{GPU0}::3"),
+            answer("ml", "b", SHARED, f"{GPU0}::0", f"{GPU1}::7"),
+            answer("ml", "m", "nvidia.com/mig-1g.5gb", MIG),
+            answer("kube-system", "coredns", SHARED),  # no devices, not cached
+        ],
+        pods,
+    )
+    assert found == {
+        GPU0: frozenset({"uid-a", "uid-b"}),
+        GPU1: frozenset({"uid-b"}),
+        MIG: frozenset({"uid-m"}),
+    }
+    assert unknown == []
+
+
+def test_a_name_that_does_not_say_whose_devices_they_are_locates_nothing() -> None:
+    not_started = pod("new", "uid-new", namespace="ml")
+    del not_started["status"]["startTime"]  # kubelet has not admitted it: not its devices
+    pods = cache(
+        not_started,
+        pod("twice", "uid-twice", namespace="ml"),
+        pod("done", "uid-done", namespace="ml", phase="Succeeded"),
+        pod("ok", "uid-ok", namespace="ml"),
+    )
+    found, unknown = pods_by_device(
+        [
+            answer("ml", "new", SHARED, f"{GPU0}::1"),
+            # force-deleted and recreated under its name: kubelet still runs the old one
+            answer("ml", "twice", SHARED, f"{GPU0}::2"),
+            answer("ml", "twice", SHARED, f"{GPU1}::2"),
+            answer("ml", "done", SHARED, f"{GPU1}::3"),
+            answer("ml", "ok", SHARED, "gpu0-replica-4", f"{GPU1}::4"),
+        ],
+        pods,
+    )
+    assert found == {GPU1: frozenset({"uid-ok"})}
+    assert [err.device_id for err in unknown] == ["gpu0-replica-4"]
+
+
+def test_the_snapshot_carries_each_devices_pods() -> None:
+    whole = GPU(0, GPU0, "A100", 40 * GIB, 0, 40 * GIB, allocated=frozenset({"uid-sim"}))
+    mig = GPU(
+        1,
+        GPU1,
+        "A100",
+        40 * GIB,
+        0,
+        40 * GIB,
+        mig_enabled=True,
+        mig_devices=(MigDevice(MIG, "1g.5gb", 4864 * MIB, 0),),
+    )
+    snapshot = with_allocations(
+        Snapshot((whole, mig)),
+        {GPU0: frozenset({"uid-a"}), MIG: frozenset({"uid-m"}), "GPU-elsewhere": frozenset({"x"})},
+    )
+    first, second = snapshot.gpus
+    assert first.allocated == {"uid-a", "uid-sim"}
+    assert second.allocated == frozenset()
+    assert second.mig_devices[0].allocated == {"uid-m"}
+    assert with_allocations(snapshot, {}) is snapshot
+
+
+# --- through the agent's tick, against a real gRPC server -------------------------
+
+
+class TwoGPUs:
+    """An NVML probe double: two idle GPUs with the UUIDs kubelet names."""
+
+    name: BackendName = "nvml"
+    blocking = False
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            tuple(
+                GPU(index, uuid, "NVIDIA A100-PCIE-40GB", 40 * GIB, 0, 40 * GIB)
+                for index, uuid in enumerate((GPU0, GPU1))
+            )
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def kubelet_answer() -> list[pb.PodResources]:
+    def one(name: str, device_id: str) -> pb.PodResources:
+        devices = [pb.ContainerDevices(resource_name=SHARED, device_ids=[device_id])]
+        container = pb.ContainerResources(name="main", devices=devices)
+        return pb.PodResources(namespace="ml", name=name, containers=[container])
+
+    return [one("a", f"{GPU1}::2"), one("b", f"{GPU0}::0")]
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    # a unix socket path must stay under 108 bytes; pytest's tmp_path can be longer
+    with tempfile.TemporaryDirectory(prefix="podres-") as directory:
+        yield Path(directory) / "kubelet.sock"
+
+
+@pytest.fixture
+async def kubelet(socket_path: Path) -> AsyncIterator[Kubelet]:
+    servicer = Kubelet(pods=kubelet_answer())
+    server = aio.server()
+    pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    assert server.add_insecure_port(f"unix://{socket_path}") == 1
+    await server.start()
+    yield servicer
+    await server.stop(grace=None)
+
+
+def agent(socket_path: Path) -> tuple[Agent, KubeletAllocations]:
+    kubelet = KubeletAllocations(PodResourcesClient(str(socket_path), timeout_seconds=1))
+    pods = cache(pod("a", "uid-a", namespace="ml"), pod("b", "uid-b", namespace="ml"))
+    built = Agent(
+        node_name="gpu-node-1",
+        probe=TwoGPUs(),
+        reporter=Reporter(WriterDouble()),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=lambda: pods,
+        allocations=kubelet.read,
+    )
+    return built, kubelet
+
+
+def listed(agent_status: Any) -> dict[tuple[int, str], tuple[int, bool]]:
+    return {
+        (gpu.index, p.uid): (p.used_bytes, p.allocated)
+        for gpu in agent_status.gpus
+        for p in gpu.pods
+    }
+
+
+async def test_each_pod_is_reported_on_the_gpu_kubelet_gave_it(
+    kubelet: Kubelet, socket_path: Path
+) -> None:
+    tick, allocations = agent(socket_path)
+    try:
+        status = await tick.tick()
+    finally:
+        await allocations.close()
+    assert listed(status) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
+    assert kubelet.calls == ["List"]
+    assert tick.reporter.writes == 1
+
+
+async def test_a_kubelet_that_cannot_answer_costs_no_report(
+    kubelet: Kubelet, socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tick, allocations = agent(socket_path)
+    kubelet.rate_limited = True
+    try:
+        with caplog.at_level(logging.INFO, logger="agent.allocations"):
+            statuses = [await tick.tick() for _ in range(3)]
+            kubelet.rate_limited = False
+            statuses.append(await tick.tick())
+    finally:
+        await allocations.close()
+    assert [listed(s) for s in statuses[:3]] == [{}] * 3
+    assert listed(statuses[3]) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
+    assert [len(s.gpus) for s in statuses] == [2] * 4
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "RateLimited" in m]) == 1  # once, not every tick
+    assert len([m for m in messages if "answers again" in m]) == 1
+
+
+async def test_a_missing_socket_is_logged_once(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tick, allocations = agent(socket_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent.allocations"):
+            statuses = [await tick.tick() for _ in range(2)]
+    finally:
+        await allocations.close()
+    assert [listed(s) for s in statuses] == [{}, {}]
+    (record,) = caplog.records
+    assert "SocketMissing" in record.getMessage()
+    assert str(socket_path) in record.getMessage()
