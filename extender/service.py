@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from extender.binding import CONCURRENCY, ApiCalls, api_binder, api_reader
+from extender.binding import ApiCalls, api_binder, api_reader
 from extender.cache import Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
@@ -79,7 +79,7 @@ async def serve(settings: Settings) -> None:
     budgets = Budgets()
     caches = Caches(api, state, advertiser, budgets=budgets.on_event)
     caches.start()
-    calls = ApiCalls(api_client(settings.kubeconfig, pool=CONCURRENCY))
+    calls = ApiCalls(api.configuration)
     extender = Extender(
         state,
         api_binder(calls),
@@ -112,5 +112,5 @@ async def serve(settings: Settings) -> None:
         verifier.cancel()
         caches.stop()
         await runner.cleanup()
-        calls.close()
+        await calls.close()
         api.close()

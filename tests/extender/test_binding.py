@@ -1,14 +1,12 @@
-"""The real binder (the official client) against a loopback stand-in for the apiserver.
+"""The real binder (kube.rest over aiohttp) against a loopback stand-in for the apiserver.
 
-The client's ``create_namespaced_binding`` posts to ``/api/v1/namespaces/<ns>/bindings``
-(the apiserver serves it like ``pods/<name>/binding``). The stand-in answers as
-kube-apiserver does: 201
-with a ``Status`` body, the answer the client fails to deserialise when preloaded
-(kubernetes-client/python#825). e2e runs the same binder against a real apiserver.
+It posts to ``/api/v1/namespaces/<ns>/pods/<name>/binding``; the stand-in answers
+as kube-apiserver does: 201 with a ``Status`` body. e2e runs the same binder
+against a real apiserver.
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes import client
 
-from extender.binding import REQUEST_TIMEOUT_SECONDS, ApiCalls, api_binder
-from extender.verbs import BindError
+from extender.binding import REQUEST_TIMEOUT_SECONDS, ApiCalls, api_binder, api_reader
+from extender.verbs import BindError, ReadError
 
 Seen = list[tuple[str, dict[str, Any]]]
 MANIFESTS = Path(__file__).parents[2] / "manifests" / "base"
@@ -63,54 +61,77 @@ async def apiserver() -> AsyncIterator[tuple[str, Seen]]:
         }
         return web.json_response(success, status=201)
 
+    async def read(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == "gone":
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        if name == "broken":
+            return web.json_response({"kind": "Status", "message": "etcd down"}, status=503)
+        return web.json_response({"metadata": {"name": name}, "spec": {"nodeName": "gpu-a"}})
+
     app = web.Application()
-    app.router.add_post("/api/v1/namespaces/{namespace}/bindings", binding)
+    app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", read)
+    app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
     async with TestServer(app, host="127.0.0.1") as server:
         yield str(server.make_url("")).rstrip("/"), seen
 
 
-def core_api(host: str) -> client.CoreV1Api:
-    configuration = client.Configuration()
-    configuration.host = host
-    return client.CoreV1Api(client.ApiClient(configuration))
+Calls = Callable[..., ApiCalls]
 
 
-async def test_binding_is_created_with_the_node_as_target(apiserver: tuple[str, Seen]) -> None:
+@pytest.fixture
+async def calls() -> AsyncIterator[Calls]:
+    made: list[ApiCalls] = []
+
+    def make(host: str, timeout: float = REQUEST_TIMEOUT_SECONDS) -> ApiCalls:
+        configuration = client.Configuration()
+        configuration.host = host
+        made.append(ApiCalls(configuration, timeout=timeout))
+        return made[-1]
+
+    yield make
+    for each in made:
+        await each.close()
+
+
+async def test_binding_is_created_with_the_node_as_target(
+    apiserver: tuple[str, Seen], calls: Calls
+) -> None:
     host, seen = apiserver
-    bind = api_binder(ApiCalls(core_api(host).api_client))
+    bind = api_binder(calls(host))
     await bind("research", "p", "uid-1", "gpu-b")
     ((path, body),) = seen
-    assert path == "/api/v1/namespaces/research/bindings"
+    assert path == "/api/v1/namespaces/research/pods/p/binding"
     assert body["metadata"] == {"name": "p", "namespace": "research", "uid": "uid-1"}
     assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-b"}
 
 
 async def test_conflict_becomes_a_bind_error_with_the_apiserver_message(
-    apiserver: tuple[str, Seen],
+    apiserver: tuple[str, Seen], calls: Calls
 ) -> None:
     host, _ = apiserver
-    bind = api_binder(ApiCalls(core_api(host).api_client))
+    bind = api_binder(calls(host))
     with pytest.raises(BindError, match=r'^HTTP 409: .*already assigned to node "gpu-a"') as err:
         await bind("research", "p", "uid-1", "taken")
     assert not err.value.uncertain  # a definite refusal: the pod may be released
     assert err.value.conflict  # bound already: the extender reads where, in case it was us
 
 
-async def test_server_error_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen]) -> None:
+async def test_server_error_leaves_the_outcome_uncertain(
+    apiserver: tuple[str, Seen], calls: Calls
+) -> None:
     host, _ = apiserver
     with pytest.raises(BindError, match=r"^HTTP 500: etcdserver") as err:
-        await api_binder(ApiCalls(core_api(host).api_client))(
-            "research", "p", "uid-1", "overloaded"
-        )
+        await api_binder(calls(host))("research", "p", "uid-1", "overloaded")
     assert err.value.uncertain
 
 
-async def test_timeout_leaves_the_outcome_uncertain(apiserver: tuple[str, Seen]) -> None:
+async def test_timeout_leaves_the_outcome_uncertain(
+    apiserver: tuple[str, Seen], calls: Calls
+) -> None:
     host, seen = apiserver
-    api = core_api(host)
-    api.api_client.configuration.retries = 0
     with pytest.raises(BindError, match="unreachable") as err:
-        await api_binder(ApiCalls(api.api_client, timeout=0.2))("research", "p", "uid-1", "slow")
+        await api_binder(calls(host, timeout=0.2))("research", "p", "uid-1", "slow")
     assert seen  # the apiserver got the binding; only its answer was lost
     assert err.value.uncertain
 
@@ -125,9 +146,18 @@ def test_request_timeout_is_below_the_scheduler_http_timeout() -> None:
     assert REQUEST_TIMEOUT_SECONDS < 5  # kube-scheduler's default httpTimeout
 
 
-async def test_unreachable_apiserver_is_a_bind_error() -> None:
-    api = core_api("http://127.0.0.1:9")  # discard port: connection refused
-    api.api_client.configuration.retries = 0
-    with pytest.raises(BindError) as err:
-        await api_binder(ApiCalls(api.api_client))("research", "p", "", "gpu-b")
+async def test_unreachable_apiserver_is_a_bind_error(calls: Calls) -> None:
+    with pytest.raises(BindError) as err:  # discard port: connection refused
+        await api_binder(calls("http://127.0.0.1:9"))("research", "p", "", "gpu-b")
     assert not err.value.uncertain  # never connected: nothing can have been bound
+
+
+async def test_reads_say_bound_gone_or_unknown(apiserver: tuple[str, Seen], calls: Calls) -> None:
+    host, _ = apiserver
+    read = api_reader(calls(host))
+    pod = await read("research", "p")
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == "gpu-a"
+    assert await read("research", "gone") is None
+    with pytest.raises(ReadError, match="HTTP 503: etcd down"):
+        await read("research", "broken")
