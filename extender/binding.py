@@ -80,5 +80,3 @@ def api_reader(calls: Rest) -> Reader:
         return pod
 
     return read
-
-

@@ -477,8 +477,10 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     before = {gpu.index: gpu.used_bytes for gpu in old.gpus}
     if any(gpu.used_bytes < before.get(gpu.index, 0) for gpu in new.gpus):
         return True
-    seen = {u.uid for gpu in old.gpus for u in gpu.pods if u.used_bytes}
-    return any(u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes)
+    seen = {u.uid for gpu in old.gpus for u in gpu.pods if u.used_bytes or u.allocated}
+    return any(
+        u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes or u.allocated
+    )
 
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:

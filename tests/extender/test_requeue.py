@@ -77,3 +77,17 @@ def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
     rooms.clear()
     state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 3 * GIB}, 1: {"u2": GIB}}))
     assert rooms == []
+
+
+def test_a_pod_located_by_its_allocation_alone_is_room_too() -> None:
+    now = EPOCH.timestamp()
+    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": GIB}, 1: {}}))
+    rooms.clear()
+    allocated = gpu_report("gpu-a", {0: {"u1": GIB}, 1: {"u2": 0}})
+    allocated["status"]["gpus"][1]["pods"][0]["allocated"] = True
+    state.on_report("MODIFIED", allocated)
+    assert rooms == ["gpu-a"]
