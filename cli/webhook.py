@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.options import add_kubeconfig, duration, port
+from headroom import names
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ def add_parser(subparsers: Any) -> None:
         help="the Service's namespace (default headroom-system)",
     )
     parser.add_argument(
+        "--agent-user",
+        default=names.AGENT_USER,
+        help="the node agent's ServiceAccount user: its pod evictions are allowed only on "
+        f"the node its token is bound to (POST /validate-eviction; default {names.AGENT_USER})",
+    )
+    parser.add_argument(
         "--expected-dns",
         action="append",
         default=[],
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         watch_nodes=args.watch_nodes,
         cert_check_seconds=max(args.cert_check_interval, 0.1),
         expected_dns=(f"{args.service}.{args.service_namespace}.svc", *args.expected_dns),
+        agent_user=args.agent_user,
     )
     try:
         asyncio.run(serve(settings))

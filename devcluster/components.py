@@ -227,12 +227,14 @@ def _generate_certs(state: ClusterState) -> bytes:
 def register_webhook(
     objects: list[dict[str, Any]], *, port: int, ca_bundle: bytes
 ) -> list[dict[str, Any]]:
-    """The overlay's MutatingWebhookConfiguration(s) with the local URL and caBundle."""
+    """The overlay's MutatingWebhookConfiguration(s) with the local URL and caBundle
+    (each webhook keeps the path its Service reference names)."""
     registered = []
     for configuration in objects:
         for webhook in configuration.get("webhooks", []):
+            path = webhook.get("clientConfig", {}).get("service", {}).get("path", "/mutate")
             webhook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{port}/mutate",
+                "url": f"https://127.0.0.1:{port}{path}",
                 "caBundle": base64.b64encode(ca_bundle).decode(),
             }
         registered.append(configuration)

@@ -82,3 +82,7 @@ the demo and the local cluster use it to make fake GPUs behave like seed 001."""
 
 EVENT_REASON_OVER_MEMORY: Final = "GPUMemoryOverDeclared"
 """Event the agent's guard records on a pod using more GPU memory than it declared."""
+
+AGENT_USER: Final = "system:serviceaccount:headroom-system:headroom-agent"
+"""The node agent's ServiceAccount as a user name: its evictions are checked
+against the node its token is bound to (webhook.eviction)."""

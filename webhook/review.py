@@ -34,6 +34,12 @@ class GroupVersionResource(_Wire):
     resource: str = ""
 
 
+class UserInfo(_Wire):
+    username: str = ""
+    extra: dict[str, list[str]] = Field(default_factory=dict)
+    """Token claims such as ``authentication.kubernetes.io/node-name``."""
+
+
 class AdmissionRequest(_Wire):
     uid: str = Field(min_length=1, max_length=128)
     kind: GroupVersionKind
@@ -46,6 +52,7 @@ class AdmissionRequest(_Wire):
     operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
     object: dict[str, Any] | None = None
     dry_run: bool = Field(default=False, alias="dryRun")
+    user_info: UserInfo = Field(default_factory=UserInfo, alias="userInfo")
 
     def is_pod(self) -> bool:
         return (

@@ -1,4 +1,5 @@
-"""The HTTP side of the webhook: ``POST /mutate``, health, readiness, metrics.
+"""The HTTP side of the webhook: ``POST /mutate``, ``POST /validate-eviction``, health,
+readiness, metrics.
 
 The server knows one function type, :data:`Reviewer`: an AdmissionRequest in,
 a :class:`~webhook.review.Verdict` out. It reads and caps the body, parses the
@@ -43,10 +44,16 @@ def create_app(
     metrics: WebhookMetrics,
     not_ready: NotReady = list,
     max_body_bytes: int = MAX_BODY_BYTES,
+    evictions: Reviewer | None = None,
 ) -> web.Application:
+    """``evictions``: the reviewer of ``POST /validate-eviction`` (webhook.eviction)."""
     app = web.Application(client_max_size=max_body_bytes)
     endpoints = _Endpoints(review, metrics, not_ready, max_body_bytes)
     app.router.add_post("/mutate", endpoints.mutate)
+    if evictions is not None:
+        app.router.add_post(
+            "/validate-eviction", _Endpoints(evictions, metrics, not_ready, max_body_bytes).mutate
+        )
     app.router.add_get("/healthz", endpoints.healthz)
     app.router.add_get("/readyz", endpoints.readyz)
     app.router.add_get("/metrics", endpoints.metrics)

@@ -12,8 +12,10 @@ from aiohttp import web
 from cryptography import x509
 
 from kube.config import api_client
+from kube.rest import Rest
 from webhook.admission import Admission
 from webhook.cache import ClusterCache
+from webhook.eviction import DEFAULT_AGENT_USER, api_pod_node, eviction_reviewer
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, AdmissionResponse, Verdict
 from webhook.server import Reviewer, create_app
@@ -37,6 +39,12 @@ class Settings:
     shutdown_delay_seconds: float = 2.0
     """After SIGTERM, keep serving while the endpoint is withdrawn: the
     apiserver may still send a request or two to this address."""
+    agent_user: str = DEFAULT_AGENT_USER
+    """The node agent's ServiceAccount user, whose evictions /validate-eviction checks."""
+
+
+EVICTION_READ_TIMEOUT = 2.0
+"""One GET of the evicted pod, well inside the configuration's timeoutSeconds (5)."""
 
 
 def reviewer(cache: ClusterCache, admission: Admission) -> Reviewer:
@@ -81,7 +89,9 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
     )
     metrics.certificate_expiry.set(tls.certificate.not_valid_after_utc.timestamp())
     cache = ClusterCache(watch_nodes=settings.watch_nodes)
-    cache.start(api_client(settings.kubeconfig))
+    api = api_client(settings.kubeconfig)
+    cache.start(api)
+    rest = Rest(api.configuration, timeout=EVICTION_READ_TIMEOUT, connections=8)
     metrics.invalid_policies.set_function(lambda: len(cache.invalid_policies))
 
     stopping = stopping or asyncio.Event()
@@ -89,6 +99,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
         reviewer(cache, Admission(cache)),
         metrics=metrics,
         not_ready=lambda: _not_ready(stopping, cache, tls),
+        evictions=eviction_reviewer(api_pod_node(rest), settings.agent_user),
     )
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -111,3 +122,4 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
             await watcher
         cache.stop()
         await runner.cleanup()
+        await rest.close()

@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "manifests/base/webhook/mutatingwebhookconfiguration.yaml"
 
 
-def webhook() -> dict[str, Any]:
+def webhook(name: str = "pods.headroom.dev") -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(CONFIGURATION.read_text())
-    (only,) = document["webhooks"]
-    return dict(only)
+    (found,) = [hook for hook in document["webhooks"] if hook["name"] == name]
+    return dict(found)
 
 
 def test_match_conditions_name_every_gpu_resource_headroom_rewrites() -> None:
@@ -50,3 +50,21 @@ def test_only_pod_creates_in_policy_namespaces_are_sent() -> None:
     ]
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["sideEffects"] == "None"
+
+
+def test_only_the_agents_evictions_are_sent_to_the_eviction_check() -> None:
+    hook = webhook("agent-evictions.headroom.dev")
+    assert hook["clientConfig"]["service"]["path"] == "/validate-eviction"
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods/eviction"],
+            "scope": "Namespaced",
+        }
+    ]
+    (condition,) = hook["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{names.AGENT_USER}'"
+    assert hook["failurePolicy"] == "Fail"
+    assert "namespaceSelector" not in hook  # every namespace: the guard evicts anywhere

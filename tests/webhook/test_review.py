@@ -23,7 +23,7 @@ def test_a_deployment_pod_parses_with_generate_name_and_no_name() -> None:
 def test_fields_headroom_does_not_read_are_kept() -> None:
     request = parse_request(review_bytes("pod-dry-run"))
     extras = request.model_extra or {}
-    assert extras["userInfo"]["username"] == "kubernetes-admin"
+    assert request.user_info.username == "kubernetes-admin"  # read now (webhook.eviction)
     assert extras["options"]["dryRun"] == ["All"]
     assert request.dry_run is True
 
