@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 
 from certs.generate import generate
 from certs.inject import InjectError, ca_bundle_patch, has_ca_bundle, read_ca
@@ -75,3 +76,22 @@ def test_a_bundle_counts_as_set_only_when_every_webhook_carries_it() -> None:
     assert has_ca_bundle(fully, b"pem")
     assert not has_ca_bundle(fully, b"other")
     assert not has_ca_bundle(configuration(0), b"pem")
+
+
+def test_the_shipped_configuration_gives_the_eviction_check_the_same_ca(tmp_path: Path) -> None:
+    # The agent's eviction check lives in the MutatingWebhookConfiguration so that
+    # the certificates Job and cert-manager's injector, which patch that one
+    # object, keep its caBundle too; moved to a configuration of its own, it would
+    # be left without a CA and (failurePolicy Fail) refuse every agent eviction.
+    shipped = Path(__file__).resolve().parents[2] / "manifests/base/webhook"
+    (document,) = [
+        doc
+        for file in sorted(shipped.glob("*webhookconfiguration*.yaml"))
+        for doc in yaml.safe_load_all(file.read_text())
+    ]
+    generate(tmp_path, service="headroom-webhook", namespace="hs")
+    ca = read_ca((tmp_path / "ca.crt").read_bytes(), "ca.crt")
+    result = jsonpatch.apply_patch(document, ca_bundle_patch(document, ca))
+    bundles = {hook["name"]: hook["clientConfig"].get("caBundle") for hook in result["webhooks"]}
+    assert set(bundles) == {"pods.headroom.dev", "agent-evictions.headroom.dev"}
+    assert {base64.b64decode(b) for b in bundles.values()} == {ca}
