@@ -67,6 +67,7 @@ def add_parser(subparsers: Any) -> None:
         help="the node agent's ServiceAccount user: its pod evictions are allowed only on "
         f"the node its token is bound to (POST /validate-eviction; default {names.AGENT_USER})",
     )
+    add_limits(parser)
     parser.add_argument(
         "--expected-dns",
         action="append",
@@ -77,8 +78,66 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def count(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return number
+
+
+def add_limits(parser: argparse.ArgumentParser) -> None:
+    from webhook.limits import Limits
+
+    default = Limits()
+    group = parser.add_argument_group(
+        "limits", "what one client may hold, and for how long (README: Limits)"
+    )
+    group.add_argument(
+        "--max-connections",
+        type=count,
+        default=default.max_connections,
+        metavar="N",
+        help="open connections; new ones beyond are closed at once "
+        f"(default {default.max_connections})",
+    )
+    group.add_argument(
+        "--max-in-flight",
+        type=count,
+        default=default.max_in_flight,
+        metavar="N",
+        help="admission requests answered at once; beyond, the pod is denied with "
+        f'"headroom webhook busy, retry" (default {default.max_in_flight})',
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=duration,
+        default=default.keepalive_timeout,
+        metavar="DURATION",
+        help=f"close a connection idle this long (default {default.keepalive_timeout:g}s)",
+    )
+    group.add_argument(
+        "--header-timeout",
+        type=duration,
+        default=default.header_timeout,
+        metavar="DURATION",
+        help="time for a request's headers, from its first byte or the TLS handshake "
+        f"(default {default.header_timeout:g}s)",
+    )
+    group.add_argument(
+        "--body-timeout",
+        type=duration,
+        default=default.body_timeout,
+        metavar="DURATION",
+        help=f"time for a request's body after its headers (default {default.body_timeout:g}s)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from kube.config import KubeConfigError
+    from webhook.limits import Limits
     from webhook.service import Settings, serve
     from webhook.tls import CertificateError
 
@@ -88,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         kubeconfig=args.kubeconfig,
         watch_nodes=args.watch_nodes,
+        limits=Limits(
+            max_connections=args.max_connections,
+            max_in_flight=args.max_in_flight,
+            keepalive_timeout=args.keepalive_timeout,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+        ),
         cert_check_seconds=max(args.cert_check_interval, 0.1),
         expected_dns=(f"{args.service}.{args.service_namespace}.svc", *args.expected_dns),
         agent_user=args.agent_user,

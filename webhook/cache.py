@@ -16,7 +16,8 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -33,15 +34,24 @@ MIG_NODE_SELECTOR = f"{names.LABEL_MIG_CAPABLE}=true"
 NAMESPACE_READ_TIMEOUT = 2.0
 """Seconds for the one GET that covers a namespace newer than the watch;
 well inside the apiserver's default webhook timeout of 10 s."""
+NAMESPACE_MISS_SECONDS = 5.0
+"""How long a namespace that could not be read is not asked for again. Short:
+a namespace created a moment later must not wait long for its first pod."""
 
 Object = dict[str, Any]
 
 
 class ClusterCache:
-    def __init__(self, *, watch_nodes: bool = True) -> None:
+    def __init__(
+        self, *, watch_nodes: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.watch_nodes = watch_nodes
         self._labels: dict[str, dict[str, str]] = {}
         self._fetched: dict[str, dict[str, str]] = {}
+        self._lookups: dict[str, asyncio.Future[Mapping[str, str]]] = {}
+        self._misses: dict[str, float] = {}
+        """Namespace -> when a GET of it last failed (monotonic)."""
+        self._clock = clock
         self._policies: dict[str, GPUSharingPolicy] = {}
         self._invalid: dict[str, str] = {}
         self._mig_nodes: dict[str, Object] = {}
@@ -78,12 +88,30 @@ class ClusterCache:
         the watch; reading it beats mutating (or not) by a guess. Raises
         :class:`LookupError` when it cannot be read, so the pod is denied and
         retried rather than let through unmutated.
+
+        Concurrent admissions for one unknown namespace share one GET, and a
+        namespace that could not be read is not asked for again for
+        :data:`NAMESPACE_MISS_SECONDS`: a flood of pods naming a namespace the
+        apiserver does not know costs one GET per period, not one per pod.
+        The error's own text stays in the log: an apiserver error can carry
+        headers and bodies that are not the pod's author's to read.
         """
         labels = self.namespace_labels(name)
         if labels is not None:
             return labels
         if self._core is None:
             raise LookupError(f"namespace {name} is not known to the headroom webhook yet")
+        missed = self._misses.get(name)
+        if missed is not None and self._clock() - missed < NAMESPACE_MISS_SECONDS:
+            raise LookupError(_unreadable(name))
+        lookup = self._lookups.get(name)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._read_namespace(name))
+            self._lookups[name] = lookup
+            lookup.add_done_callback(lambda _: self._lookups.pop(name, None))
+        return await asyncio.shield(lookup)
+
+    async def _read_namespace(self, name: str) -> Mapping[str, str]:
         try:
             response = await asyncio.to_thread(
                 self._core.read_namespace,
@@ -93,10 +121,14 @@ class ClusterCache:
             )
             namespace = json.loads(response.data)
         except Exception as err:
-            raise LookupError(f"namespace {name}: cannot read its labels ({err})") from err
+            log.warning("namespace %s: cannot read its labels: %s", name, err)
+            if name not in self._labels:
+                self._misses[name] = self._clock()
+            raise LookupError(_unreadable(name)) from err
         fetched = _labels_of(namespace if isinstance(namespace, dict) else {})
         if name not in self._labels:
             self._fetched[name] = fetched
+        self._misses.pop(name, None)
         return fetched
 
     async def wait_synced(self) -> None:
@@ -110,6 +142,7 @@ class ClusterCache:
     def on_namespace(self, kind: str, obj: Object) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
         self._fetched.pop(name, None)
+        self._misses.pop(name, None)
         if kind == "DELETED":
             self._labels.pop(name, None)
         else:
@@ -185,6 +218,10 @@ class ClusterCache:
     def stop(self) -> None:
         for informer in self._informers:
             informer.stop()
+
+
+def _unreadable(name: str) -> str:
+    return f"namespace {name}: the headroom webhook cannot read its labels yet; retry"
 
 
 def _labels_of(obj: Mapping[str, Any]) -> dict[str, str]:

@@ -95,22 +95,40 @@ class AdmissionResponse(BaseModel):
             allowed=True,
             patch=encoded,
             patch_type="JSONPatch" if encoded else None,
-            warnings=warnings or None,
+            warnings=capped_warnings(warnings),
         )
 
     @classmethod
     def deny(
         cls, uid: str, code: int, message: str, warnings: list[str] | None = None
     ) -> "AdmissionResponse":
-        reason = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}.get(
-            code, "InternalError"
-        )
+        reason = {
+            400: "BadRequest",
+            403: "Forbidden",
+            429: "TooManyRequests",
+            503: "ServiceUnavailable",
+        }.get(code, "InternalError")
         return cls(
             uid=uid,
             allowed=False,
             status=Status(code=code, message=message, reason=reason),
-            warnings=warnings or None,
+            warnings=capped_warnings(warnings),
         )
+
+
+MAX_WARNINGS = 24
+"""decide() writes a line or two per container: 13,004 for a 6,500-container
+pod, a 5 MiB response. kube-apiserver passes on only the first few KiB of a
+response's warnings, so past this many lines one says how many more there were."""
+
+
+def capped_warnings(warnings: list[str] | None) -> list[str] | None:
+    if not warnings:
+        return None
+    if len(warnings) <= MAX_WARNINGS:
+        return warnings
+    more = len(warnings) - MAX_WARNINGS + 1
+    return [*warnings[: MAX_WARNINGS - 1], f"headroom: and {more} more warnings like these"]
 
 
 class AdmissionReview(_Wire):

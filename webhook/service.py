@@ -5,7 +5,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -16,9 +16,11 @@ from kube.rest import Rest
 from webhook.admission import Admission
 from webhook.cache import ClusterCache
 from webhook.eviction import DEFAULT_AGENT_USER, api_pod_node, eviction_reviewer
+from webhook.limits import LARGE_POD_CONTAINERS, InFlight, Limits, OffLoop, container_count
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, AdmissionResponse, Verdict
 from webhook.server import Reviewer, create_app
+from webhook.site import LimitedSite
 from webhook.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ class Settings:
     port: int = 8443
     kubeconfig: str | None = None
     watch_nodes: bool = True
+    limits: Limits = field(default_factory=Limits)
     cert_check_seconds: float = 10.0
     expected_dns: tuple[str, ...] = ()
     """DNS names the serving certificate must carry (the Service's <svc>.<ns>.svc)."""
@@ -47,7 +50,11 @@ EVICTION_READ_TIMEOUT = 2.0
 """One GET of the evicted pod, well inside the configuration's timeoutSeconds (5)."""
 
 
-def reviewer(cache: ClusterCache, admission: Admission) -> Reviewer:
+def reviewer(
+    cache: ClusterCache, admission: Admission, off_loop: OffLoop | None = None
+) -> Reviewer:
+    """``off_loop``: where pods of LARGE_POD_CONTAINERS or more are decided."""
+
     async def review(request: AdmissionRequest) -> Verdict:
         try:
             labels = await cache.labels_for(request.namespace) if request.namespace else {}
@@ -55,6 +62,8 @@ def reviewer(cache: ClusterCache, admission: Admission) -> Reviewer:
             # Deny: the ReplicaSet controller retries, and a pod is never let
             # through unmutated because of a watch that lags.
             return Verdict(AdmissionResponse.deny(request.uid, 503, str(err)), "error")
+        if off_loop is not None and container_count(request.object) >= LARGE_POD_CONTAINERS:
+            return await off_loop.run(admission.review, request, labels)
         return admission.review(request, labels)
 
     return review
@@ -95,15 +104,29 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
     metrics.invalid_policies.set_function(lambda: len(cache.invalid_policies))
 
     stopping = stopping or asyncio.Event()
+    off_loop = OffLoop()
     app = create_app(
-        reviewer(cache, Admission(cache)),
+        reviewer(cache, Admission(cache), off_loop),
         metrics=metrics,
+        in_flight=InFlight(settings.limits.max_in_flight),
         not_ready=lambda: _not_ready(stopping, cache, tls),
         evictions=eviction_reviewer(api_pod_node(rest), settings.agent_user),
     )
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=settings.limits.keepalive_timeout,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=tls.context)
+    site = LimitedSite(
+        runner,
+        settings.host,
+        settings.port,
+        ssl_context=tls.context,
+        limits=settings.limits,
+        registry=metrics.registry,
+    )
     await site.start()
     watcher = asyncio.create_task(tls.watch(settings.cert_check_seconds))
     loop = asyncio.get_running_loop()
@@ -122,4 +145,5 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
             await watcher
         cache.stop()
         await runner.cleanup()
+        off_loop.close()
         await rest.close()

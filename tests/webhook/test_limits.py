@@ -1,0 +1,480 @@
+"""The webhook's limits on one real TLS server on 127.0.0.1 (webhook.site and
+webhook.limits): idle connections closed after the keep-alive, slow headers
+and slow bodies cut off, connections beyond the cap closed at once, requests
+beyond the in-flight cap denied (never a 500), large pods decided off the
+event loop, and one GET for a flood of pods naming an unknown namespace."""
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes.client import ApiException
+
+from cli.main import build_parser
+from devcluster.binaries import CHECKOUT
+from tests.webhook.reviews import fed_cache, review_bytes, review_json
+from tests.webhook.test_tls_server import Connection, client_context, generate
+from webhook.admission import Admission
+from webhook.cache import NAMESPACE_MISS_SECONDS, ClusterCache
+from webhook.limits import InFlight, Limits, OffLoop
+from webhook.metrics import WebhookMetrics
+from webhook.review import MAX_WARNINGS, AdmissionRequest, Verdict, parse_request
+from webhook.server import BUSY_MESSAGE, Reviewer, create_app
+from webhook.service import reviewer
+from webhook.site import LimitedSite
+
+FAST = Limits(
+    max_connections=4,
+    max_in_flight=8,
+    keepalive_timeout=0.6,
+    header_timeout=0.6,
+    body_timeout=0.6,
+    handshake_timeout=1.0,
+)
+"""Deadlines short enough for a unit test; the defaults are in README."""
+PATIENT = Limits(**{**FAST.__dict__, "keepalive_timeout": 30.0})
+"""A keep-alive long enough not to be what closes a connection."""
+
+
+@dataclass
+class Webhook:
+    url: str
+    ca_file: Path
+    site: LimitedSite
+
+    async def connect(self) -> Connection:
+        return await Connection.open(self.url, client_context(self.ca_file))
+
+
+ServerFactory = Callable[..., Awaitable[Webhook]]
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[ServerFactory]:
+    generate(tmp_path)
+    runners: list[web.AppRunner] = []
+
+    async def start(
+        limits: Limits = FAST, review: Reviewer | None = None, in_flight: InFlight | None = None
+    ) -> Webhook:
+        from webhook.tls import ReloadingContext
+
+        cache = fed_cache()
+        metrics = WebhookMetrics()
+        app = create_app(
+            review or reviewer(cache, Admission(cache)),
+            metrics=metrics,
+            in_flight=in_flight or InFlight(limits.max_in_flight),
+        )
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout)
+        await runner.setup()
+        runners.append(runner)
+        tls = ReloadingContext(tmp_path)
+        site = LimitedSite(
+            runner,
+            "127.0.0.1",
+            0,
+            ssl_context=tls.context,
+            limits=limits,
+            registry=metrics.registry,
+        )
+        await site.start()
+        return Webhook(f"https://127.0.0.1:{site.port}", tmp_path / "ca.crt", site)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def closed_after(connection: Connection, at_most: float) -> float:
+    """Seconds until the server closes ``connection`` (EOF or reset)."""
+    started = time.monotonic()
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        async with asyncio.timeout(at_most):
+            while await connection.reader.read(1024):
+                pass
+    elapsed = time.monotonic() - started
+    assert elapsed < at_most, f"still open after {at_most}s"
+    return elapsed
+
+
+async def admit(connection: Connection) -> dict[str, Any]:
+    status, answer = await connection.mutate(review_bytes("deployment-pod-shared"))
+    assert status == 200
+    response: dict[str, Any] = answer["response"]
+    return response
+
+
+async def test_an_idle_connection_is_closed_after_the_keepalive(serve: ServerFactory) -> None:
+    webhook = await serve()
+    connection = await webhook.connect()
+    assert (await admit(connection))["allowed"] is True
+    await asyncio.sleep(FAST.keepalive_timeout / 2)
+    assert (await admit(connection))["allowed"] is True  # reused within the keep-alive
+
+    waited = await closed_after(connection, FAST.keepalive_timeout + 2)
+
+    assert waited >= FAST.keepalive_timeout * 0.8
+    await connection.close()
+    await until(lambda: webhook.site.open_connections == 0)
+
+
+async def test_a_header_sent_a_byte_at_a_time_is_cut_off(serve: ServerFactory) -> None:
+    webhook = await serve(PATIENT)
+    connection = await webhook.connect()
+    connection.writer.write(b"POST /mutate HTTP/1.1\r\n")
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
+            for byte in b"Host: webhook\r\nContent-Type: application/json\r\n" * 10:
+                connection.writer.write(bytes([byte]))
+                await connection.writer.drain()
+                await asyncio.sleep(0.05)
+
+    sending = asyncio.create_task(trickle())
+    await closed_after(connection, 5.0)
+    sending.cancel()
+
+    # Without the header deadline the keep-alive would not fire: a request was being read.
+    assert time.monotonic() - started < FAST.header_timeout + 1.0
+    await connection.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(
+    serve: ServerFactory,
+) -> None:
+    webhook = await serve(PATIENT)
+    connection = await webhook.connect()
+
+    assert await closed_after(connection, FAST.header_timeout + 1.5) >= FAST.header_timeout * 0.8
+    await connection.close()
+
+
+async def test_a_slow_body_is_cut_off(serve: ServerFactory) -> None:
+    webhook = await serve(PATIENT)
+    connection = await webhook.connect()
+    body = review_bytes("deployment-pod-shared")
+    head = f"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: {len(body)}\r\n\r\n"
+    connection.writer.write(head.encode() + body[:100])
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
+            for byte in body[100:]:
+                connection.writer.write(bytes([byte]))
+                await connection.writer.drain()
+                await asyncio.sleep(0.05)
+
+    sending = asyncio.create_task(trickle())
+    await closed_after(connection, 5.0)
+    sending.cancel()
+
+    assert time.monotonic() - started < FAST.body_timeout + 1.0
+    await connection.close()
+
+
+async def test_connections_beyond_the_cap_are_closed_and_the_open_ones_keep_working(
+    serve: ServerFactory,
+) -> None:
+    limits = Limits(**{**FAST.__dict__, "header_timeout": 10.0, "keepalive_timeout": 10.0})
+    webhook = await serve(limits)
+    open_ones = [await webhook.connect() for _ in range(limits.max_connections)]
+
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        await webhook.connect()
+
+    for connection in open_ones:
+        assert (await admit(connection))["allowed"] is True
+    await open_ones.pop().close()
+    await until(lambda: webhook.site.open_connections < limits.max_connections)
+    again = await webhook.connect()  # a slot freed is a slot to use
+    assert (await admit(again))["allowed"] is True
+    for connection in [*open_ones, again]:
+        await connection.close()
+
+
+async def test_requests_beyond_the_in_flight_cap_are_denied_not_500(
+    serve: ServerFactory,
+) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    cache = fed_cache()
+    real = reviewer(cache, Admission(cache))
+
+    async def slow(request: AdmissionRequest) -> Verdict:
+        entered.set()
+        await release.wait()
+        return await real(request)
+
+    webhook = await serve(review=slow, in_flight=InFlight(1))
+    first, second = await webhook.connect(), await webhook.connect()
+    held = asyncio.create_task(admit(first))
+    await entered.wait()
+
+    busy = await admit(second)
+    status, bare = await second.mutate(b'{"not": "a review"}')
+
+    assert busy["allowed"] is False
+    assert busy["uid"] == review_json("deployment-pod-shared")["request"]["uid"]
+    assert busy["status"] == {"code": 429, "message": BUSY_MESSAGE, "reason": "TooManyRequests"}
+    assert status == 429
+    assert bare["reason"] == "TooManyRequests"
+    release.set()
+    assert (await held)["allowed"] is True
+    assert (await admit(second))["allowed"] is True  # below the cap again
+    await first.close()
+    await second.close()
+
+
+def many_containers(count: int) -> AdmissionRequest:
+    review = review_json("pod-cuda-vectoradd")
+    pod = review["request"]["object"]
+    template = pod["spec"]["containers"][0]
+    pod["spec"]["containers"] = [{**template, "name": f"c{i}"} for i in range(count)]
+    return parse_request(json.dumps(review).encode())
+
+
+async def test_a_large_pod_is_decided_off_the_event_loop() -> None:
+    cache = fed_cache()
+    off_loop = OffLoop()
+    review = reviewer(cache, Admission(cache), off_loop)
+    small = parse_request(review_bytes("pod-cuda-vectoradd"))
+    large = asyncio.ensure_future(review(many_containers(6500)))
+    await asyncio.sleep(0.01)
+
+    started = time.monotonic()
+    answer = await review(small)
+    small_took = time.monotonic() - started
+
+    # On the loop, the large pod (~0.4-0.9 s) would finish before the small one starts.
+    assert not large.done(), f"small pod answered in {small_took:.3f}s, after the large one"
+    assert answer.response.allowed is True
+    verdict = await large
+    off_loop.close()
+    assert verdict.outcome == "mutated"
+    warnings = verdict.response.warnings or []
+    assert len(warnings) == MAX_WARNINGS  # 13,004 lines aggregated
+    more = 2 * 6500 + 4 - MAX_WARNINGS + 1
+    assert warnings[-1] == f"headroom: and {more} more warnings like these"
+
+
+class CountingCore:
+    """A CoreV1Api whose read_namespace is slow and finds nothing."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_namespace(self, name: str, **_: Any) -> Any:
+        self.reads += 1
+        time.sleep(0.1)
+        raise ApiException(status=404, reason="Not Found: Authorization=Bearer secret-token")
+
+
+async def test_a_flood_for_an_unknown_namespace_costs_one_read_per_period() -> None:
+    now = [1000.0]
+    cache = ClusterCache(watch_nodes=False, clock=lambda: now[0])
+    core = CountingCore()
+    cache._core = core
+
+    flood = await asyncio.gather(
+        *(cache.labels_for("ghost") for _ in range(50)), return_exceptions=True
+    )
+    again = await asyncio.gather(
+        *(cache.labels_for("ghost") for _ in range(50)), return_exceptions=True
+    )
+    reads_in_period = core.reads
+    now[0] += NAMESPACE_MISS_SECONDS + 0.1
+    with pytest.raises(LookupError):
+        await cache.labels_for("ghost")
+
+    assert reads_in_period == 1
+    assert core.reads == 2
+    for err in [*flood, *again]:
+        assert isinstance(err, LookupError)
+        assert str(err) == "namespace ghost: the headroom webhook cannot read its labels yet; retry"
+
+
+async def test_the_watch_ends_a_remembered_miss() -> None:
+    cache = ClusterCache(watch_nodes=False)
+    core = CountingCore()
+    cache._core = core
+    with pytest.raises(LookupError):
+        await cache.labels_for("late")
+
+    cache.on_namespace("ADDED", {"metadata": {"name": "late", "labels": {"a": "b"}}})
+
+    assert await cache.labels_for("late") == {"a": "b"}
+    assert core.reads == 1
+
+
+async def test_apiserver_error_text_never_reaches_the_denial() -> None:
+    cache = ClusterCache(watch_nodes=False)
+    cache._core = CountingCore()
+    request = parse_request(review_bytes("pod-cuda-vectoradd"))
+    request.namespace = "ghost"
+
+    verdict = await reviewer(cache, Admission(cache))(request)
+
+    assert verdict.response.allowed is False
+    assert verdict.response.status is not None
+    assert "secret-token" not in verdict.response.status.message
+    assert verdict.response.status.code == 503
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Polls: the webhook sees a close within a loop turn or two."""
+    for _ in range(150):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met within 3s")
+
+
+SERVER = """
+import asyncio, sys
+from pathlib import Path
+from aiohttp import web
+from cli.main import build_parser
+from devcluster.binaries import CHECKOUT
+from tests.webhook.reviews import fed_cache
+from webhook.admission import Admission
+from webhook.limits import InFlight, Limits
+from webhook.metrics import WebhookMetrics
+from webhook.server import create_app
+from webhook.service import reviewer
+from webhook.site import LimitedSite
+from webhook.tls import ReloadingContext
+
+async def main() -> None:
+    limits = Limits()
+    cache = fed_cache()
+    app = create_app(reviewer(cache, Admission(cache)), metrics=WebhookMetrics(),
+                     in_flight=InFlight(limits.max_in_flight))
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout)
+    await runner.setup()
+    tls = ReloadingContext(Path(sys.argv[1]))
+    site = LimitedSite(runner, "127.0.0.1", 0, ssl_context=tls.context, limits=limits)
+    await site.start()
+    print(site.port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def used_connection(port: int, context: ssl.SSLContext) -> ssl.SSLSocket | None:
+    """A connection that made one request and now idles, as in kube-apiserver's
+    pool; None when the webhook closed it (over the cap)."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n")
+        answer = tls.recv(4096)
+    except (OSError, ssl.SSLError):
+        raw.close()
+        return None
+    if not answer.startswith(b"HTTP/1.1 200"):
+        tls.close()
+        return None
+    return tls
+
+
+def admission_over(connection: ssl.SSLSocket) -> tuple[float, dict[str, Any]]:
+    body = review_bytes("deployment-pod-shared")
+    head = f"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: {len(body)}\r\n\r\n"
+    started = time.monotonic()
+    connection.sendall(head.encode() + body)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += connection.recv(65536)
+    headers, _, rest = received.partition(b"\r\n\r\n")
+    length = int(headers.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += connection.recv(65536)
+    return time.monotonic() - started, json.loads(rest)
+
+
+async def test_a_thousand_idle_connections_leave_the_webhook_answering(tmp_path: Path) -> None:
+    """Issue 8: 1,000 idle TLS connections took 367 MiB and then every GPU pod was refused."""
+    generate(tmp_path)
+    context = client_context(tmp_path / "ca.crt")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVER, str(tmp_path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=CHECKOUT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    assert process.stdin is not None
+    try:
+        port = int(await asyncio.wait_for(process.stdout.readline(), 30))
+        first = await asyncio.to_thread(used_connection, port, context)
+        assert first is not None
+        await asyncio.to_thread(admission_over, first)  # warm: every import, every cache
+        before = rss_kib(process.pid)
+
+        opened = await asyncio.to_thread(
+            lambda: [used_connection(port, context) for _ in range(1000)]
+        )
+        kept = [c for c in opened if c is not None]
+        grown = rss_kib(process.pid) - before
+        took, answer = await asyncio.to_thread(admission_over, first)
+
+        cap = Limits().max_connections
+        assert len(kept) == cap - 1  # `first` holds the last slot
+        assert answer["response"]["allowed"] is True
+        assert took < 1.0
+        per_connection = grown / len(kept)
+        print(f"\nwebhook RSS +{grown / 1024:.1f} MiB for {len(kept)} idle connections "
+              f"({per_connection:.0f} KiB each); {1000 - len(kept)} refused")  # fmt: skip
+        assert per_connection < 100  # asyncio's default TLS buffer alone is 256 KiB
+        for connection in kept:
+            connection.close()
+        again = await asyncio.to_thread(used_connection, port, context)
+        for _ in range(50):  # the webhook sees the closes within a loop turn or two
+            if again is not None:
+                break
+            await asyncio.sleep(0.1)
+            again = await asyncio.to_thread(used_connection, port, context)
+        assert again is not None
+        again.close()
+        first.close()
+    finally:
+        process.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        await process.wait()
+
+
+def test_the_limits_are_flags_of_headroom_webhook() -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--cert-dir", "x", "--max-connections", "64", "--header-timeout", "2s"]
+    )
+
+    assert args.max_connections == 64
+    assert args.header_timeout == 2.0
+    assert args.keepalive_timeout == Limits().keepalive_timeout == 30.0
+
+
+def test_a_bad_limit_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["webhook", "--cert-dir", "x", "--max-in-flight", "0"])
+
+    assert "argument --max-in-flight: '0' is not a positive whole number" in capsys.readouterr().err

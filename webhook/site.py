@@ -1,0 +1,251 @@
+"""The listening side of :class:`~webhook.limits.Limits`, for an aiohttp AppRunner.
+
+:class:`LimitedSite` replaces ``web.TCPSite``:
+
+- it counts connections at TCP accept, before any TLS work: beyond
+  ``max_connections`` a new one is aborted at once, the open ones carry on;
+- it runs the TLS layer itself (asyncio's SSLProtocol) with a 16 KiB read
+  buffer instead of 256 KiB, a handshake deadline, and a 2 s wait for the
+  peer's close_notify instead of 30 s;
+- it gives a request ``header_timeout`` from its first byte (from the end of
+  the handshake, for a connection's first request) to its complete headers,
+  and ``body_timeout`` from there to its complete body, and aborts the
+  connection past either (Go's ReadHeaderTimeout and ReadTimeout). aiohttp
+  3.14 has no such deadline: its keep-alive timer runs only while no request
+  is being read, and a partial header does not stop it -- a header sent a byte
+  a second lived for the whole keep-alive. So a small protocol between the TLS
+  layer and aiohttp's RequestHandler keeps the deadline, and the server's
+  request handler, wrapped, tells it when the headers are in and when the
+  answer is out;
+- ``keepalive_timeout`` itself is aiohttp's (``AppRunner(keepalive_timeout=)``).
+"""
+
+import asyncio
+import logging
+import ssl
+import time
+from asyncio import sslproto
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from webhook.limits import Limits
+
+log = logging.getLogger(__name__)
+
+TLS_READ_BUFFER = 16 * 1024
+"""asyncio's SSLProtocol reads into a 256 KiB buffer per connection; a TLS
+record carries at most 16 KiB, so a bigger buffer only saves read calls."""
+TLS_SHUTDOWN_TIMEOUT = 2.0
+"""How long a closing connection waits for the peer's close_notify (asyncio: 30 s)."""
+
+
+class _SmallBufferTLS(sslproto.SSLProtocol):
+    max_size = TLS_READ_BUFFER
+
+
+class ConnectionMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.open = Gauge(
+            "headroom_webhook_open_connections",
+            "Connections open now, TLS handshakes included.",
+            registry=registry,
+        )
+        self.closed = Counter(
+            "headroom_webhook_connections_closed_total",
+            "Connections the webhook closed, by reason (over-cap, header-timeout, body-timeout).",
+            ["reason"],
+            registry=registry,
+        )
+
+
+class LimitedSite(web.BaseSite):
+    """A TCP site for an :class:`aiohttp.web.AppRunner` that enforces :class:`Limits`."""
+
+    __slots__ = ("_guards", "_host", "_limits", "_metrics", "_open", "_port", "_warned")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext,
+        limits: Limits,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=1024)
+        self._host = host
+        self._port = port
+        self._limits = limits
+        self._metrics = ConnectionMetrics(registry)
+        self._open = 0
+        self._guards: dict[RequestHandler, _Guard] = {}
+        self._warned = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    @property
+    def port(self) -> int:
+        """The bound port (``port=0`` picks a free one)."""
+        if self._server is not None and self._server.sockets:  # type: ignore[attr-defined]
+            return int(self._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        return self._port
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        # Every request passes here once its headers are complete: the header
+        # deadline ends and the body deadline starts.
+        server.request_handler = self._wrap(server.request_handler)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._accept, self._host, self._port, backlog=self._backlog
+        )
+
+    def _accept(self) -> asyncio.BaseProtocol:
+        if self._open >= self._limits.max_connections:
+            self._metrics.closed.labels("over-cap").inc()
+            now = time.monotonic()
+            if now - self._warned > 10:
+                self._warned = now
+                log.warning("%d connections open: closing new ones (--max-connections)", self._open)
+            return _Refuse()
+        server = self._runner.server
+        assert server is not None
+        assert self._ssl_context is not None
+        # Counted here, not in connection_made: asyncio accepts a whole backlog
+        # before any connection_made runs.
+        self._opened()
+        guard = _Guard(server(), self)
+        return _CountedTLS(
+            self,
+            asyncio.get_running_loop(),
+            guard,
+            self._ssl_context,
+            None,
+            server_side=True,
+            ssl_handshake_timeout=self._limits.handshake_timeout,
+            ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
+        )
+
+    def _opened(self) -> None:
+        self._open += 1
+        self._metrics.open.set(self._open)
+
+    def _closed(self) -> None:
+        self._open -= 1
+        self._metrics.open.set(self._open)
+
+    def _wrap(
+        self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            guard = self._guards.get(request.protocol)
+            if guard is None:
+                return await handler(request)
+            guard.reading_body(request)
+            try:
+                return await handler(request)
+            finally:
+                guard.answered()
+
+        return handle
+
+
+class _Refuse(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
+
+
+class _CountedTLS(_SmallBufferTLS):
+    def __init__(self, site: LimitedSite, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._site: LimitedSite | None = site
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._site is not None:
+            self._site._closed()
+            self._site = None
+        super().connection_lost(exc)
+
+
+class _Guard(asyncio.Protocol):
+    """Between the TLS layer and aiohttp's handler: the read deadlines of one connection."""
+
+    def __init__(self, handler: RequestHandler, site: LimitedSite) -> None:
+        self._handler = handler
+        self._site = site
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._request: web.BaseRequest | None = None
+        """Set while the handler runs, that is once the headers are in."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._site._guards[self._handler] = self
+        self._handler.connection_made(transport)
+        self._arm(self._site._limits.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is None and self._request is None:
+            self._arm(self._site._limits.header_timeout)  # a new request's first byte
+        self._handler.data_received(data)
+
+    def eof_received(self) -> None:
+        self._handler.eof_received()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        self._site._guards.pop(self._handler, None)
+        self._request = None
+        self._handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._handler.resume_writing()
+
+    def reading_body(self, request: web.BaseRequest) -> None:
+        self._request = request
+        self._arm(self._site._limits.body_timeout)
+
+    def answered(self) -> None:
+        self._request = None
+        self._disarm()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _deadline(self) -> None:
+        self._timer = None
+        request = self._request
+        if request is not None and request.content.is_eof():
+            return  # the body is in; answering takes as long as it takes
+        reason = "header-timeout" if request is None else "body-timeout"
+        self._site._metrics.closed.labels(reason).inc()
+        log.info(
+            "closing %s: %s",
+            self._transport.get_extra_info("peername") if self._transport else "connection",
+            "headers too slow" if request is None else "body too slow",
+        )
+        if self._transport is not None:
+            self._transport.abort()
