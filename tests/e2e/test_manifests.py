@@ -6,10 +6,12 @@ the workloads) was applied for real by ``cluster up``, and each of its objects
 must be in the cluster as rendered.
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from devcluster.binaries import CHECKOUT
 from devcluster.cluster import Cluster
@@ -84,6 +86,29 @@ def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) ->
     configuration = next(o for o in objects if o["kind"] == "MutatingWebhookConfiguration")
     annotations = configuration["metadata"]["annotations"]
     assert annotations["cert-manager.io/inject-ca-from"] == "headroom-system/headroom-webhook"
+
+
+def test_networkpolicy_component_fits_the_workloads(cluster: Cluster, tmp_path: Path) -> None:
+    relative = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{relative}/base]\ncomponents: [{relative}/components/networkpolicy]\n"
+    )
+    objects = _render(cluster, tmp_path)
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "NetworkPolicy"}
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+    pods = {o["metadata"]["name"]: o["spec"]["template"] for o in workloads}
+
+    assert policies.pop("headroom-default-deny-ingress")["spec"]["podSelector"] == {}
+    for name, policy in policies.items():  # a renamed label or port must fail here
+        selector, template = policy["spec"]["podSelector"]["matchLabels"], pods[name]
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        containers = template["spec"]["containers"]
+        ports = {p["containerPort"] for c in containers for p in c.get("ports", [])}
+        assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} <= ports
+    assert set(policies) == {"headroom-webhook", "headroom-scheduler", "headroom-agent"}
+    manifest = "---\n".join(yaml.safe_dump(o) for o in policies.values())
+    applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout
+    assert applied.count("(server dry run)") == 3, applied
 
 
 @pytest.mark.parametrize(
