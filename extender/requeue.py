@@ -17,12 +17,21 @@ So when room may have appeared on a node, this stamps the node's annotation
 cluster event (framework/events.go), which moves those pods back to the active
 queue. The ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation``
 lets the scheduler's ServiceAccount change that annotation and nothing else.
+
+Until the extender's caches have first synced it stamps nothing: every report
+in the first list is new, so every reporting node would seem to have room (one
+patch per node, thousands on a large cluster, before the extender can answer a
+filter). Once synced it stamps one GPU node. That is enough: the pseudo-plugin
+takes any event, so one Node update moves every pod the extender refused,
+wherever it waits. And it is needed: room may have appeared anywhere while no
+extender was watching, for pods the one before a restart refused, and without
+an event they would wait for the flush.
 """
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,16 +62,28 @@ def api_stamper(api: client.ApiClient) -> Stamper:
 
 
 class RoomNotifier:
-    def __init__(self, stamper: Stamper, every: float = PATCH_EVERY_SECONDS) -> None:
+    def __init__(
+        self, stamper: Stamper, every: float = PATCH_EVERY_SECONDS, *, started: bool = True
+    ) -> None:
+        """``started=False``: stamp nothing until :meth:`start` (the caches have synced)."""
         self.stamper = stamper
         self.every = every
+        self.started = started
         self._waiting: set[str] = set()
         self._last: dict[str, float] = {}
         self.stamped = 0
 
+    def start(self, gpu_nodes: Iterable[str]) -> None:
+        """The caches have synced: stamp one of ``gpu_nodes`` (the first by name), and
+        from now on every node where room appears."""
+        self.started = True
+        first = min(gpu_nodes, default=None)
+        if first is not None:
+            self.room(first)
+
     def room(self, node: str) -> None:
         """Room may have appeared on ``node`` (on the event loop): stamp it soon, once."""
-        if node in self._waiting:
+        if node in self._waiting or not self.started:
             return
         try:
             loop = asyncio.get_running_loop()

@@ -51,6 +51,13 @@ async def _collect_after_sync(caches: Caches) -> None:
     await run_collector()
 
 
+async def _requeue_after_sync(caches: Caches, state: ClusterState, notifier: RoomNotifier) -> None:
+    """Once the caches have synced, retry what the extender (or the one before a restart)
+    refused: see extender/requeue.py."""
+    await asyncio.gather(*(informer.synced.wait() for informer in caches.informers))
+    notifier.start(name for name, node in state.nodes.items() if node.count)
+
+
 async def _verify(extender: Extender, every: float) -> None:
     """Read pods held by binds the watch has not confirmed, every ``every`` seconds."""
     while True:
@@ -75,7 +82,8 @@ async def serve(settings: Settings) -> None:
         if settings.advertise_capacity
         else None
     )
-    state.on_room = RoomNotifier(api_stamper(api)).room
+    notifier = RoomNotifier(api_stamper(api), started=False)
+    state.on_room = notifier.room
     budgets = Budgets()
     caches = Caches(api, state, advertiser, budgets=budgets.on_event)
     caches.start()
@@ -93,6 +101,7 @@ async def serve(settings: Settings) -> None:
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
     collector = asyncio.create_task(_collect_after_sync(caches))
+    requeue = asyncio.create_task(_requeue_after_sync(caches, state, notifier))
     verifier = asyncio.create_task(_verify(extender, settings.verify_after_seconds))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -109,6 +118,7 @@ async def serve(settings: Settings) -> None:
         await stopping.wait()
     finally:
         collector.cancel()
+        requeue.cancel()
         verifier.cancel()
         caches.stop()
         await runner.cleanup()

@@ -21,6 +21,44 @@ async def test_room_is_stamped_once_per_burst_of_events() -> None:
     assert sorted(stamped) == ["gpu-a", "gpu-b"]
 
 
+async def settled() -> None:
+    """Long enough for a due stamp to be made (they go through a thread)."""
+    await asyncio.sleep(0.2)
+
+
+async def test_before_the_caches_sync_room_is_kept_and_one_node_is_stamped_after() -> None:
+    # On a start or restart every report listed is new, so every reporting node
+    # "shows room": stamping each would be one patch per node (5,000 on a large
+    # cluster) before the extender can even answer. One Node event moves every pod
+    # the extender refused, wherever it waits (the pseudo-plugin Extender takes any).
+    stamped: list[str] = []
+    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05, started=False)
+    for index in range(1000):
+        notifier.room(f"gpu-{index:04}")
+    await settled()
+    assert stamped == []
+    notifier.start(["gpu-0000", "gpu-0001"])
+    await settled()
+    assert stamped == ["gpu-0000"]
+    notifier.room("gpu-0002")  # from now on, room is stamped where it appears
+    await settled()
+    assert stamped == ["gpu-0000", "gpu-0002"]
+
+
+async def test_a_start_with_no_room_seen_still_stamps_a_gpu_node() -> None:
+    # Room may have appeared anywhere while no extender was watching (a pod
+    # refused by the one before this restart): retry what it refused, now.
+    stamped: list[str] = []
+    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05, started=False)
+    notifier.start(["gpu-b", "gpu-a"])
+    await settled()
+    assert stamped == ["gpu-a"]
+    empty = RoomNotifier(lambda node, when: stamped.append(node), started=False)
+    empty.start([])  # a cluster without GPU nodes: nobody waits for GPU memory
+    await settled()
+    assert stamped == ["gpu-a"]
+
+
 def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
     state = ClusterState(margin=0, stale_after=90.0)
     rooms: list[str] = []
