@@ -153,6 +153,37 @@ def test_a_neighbours_usage_falling_lets_the_pod_it_kept_out_bind(
     assert node_of(cluster, ns, "waiting") == NODE
 
 
+def test_a_pod_refused_before_the_extender_restarted_binds_once_it_is_back(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # The neighbour's usage falls while no extender is running, and nothing
+    # kube-scheduler watches changes (its pattern falls by itself; a report is
+    # not an event for it): only the restarted extender's first stamp retries the
+    # pod. Spiky, a 60 s period: 12 GiB from 15 s after it starts, 1 GiB from 60 s.
+    ns = namespace("gpu-shared")
+    greedy = pod(ns, "greedy", "2Gi")
+    spike = {"pattern": "spiky", "base": "1Gi", "amplitude": "11Gi", "periodSeconds": 60,
+             "spikeSeconds": 45}  # fmt: skip
+    greedy["metadata"]["annotations"][names.ANNOTATION_SIMULATED_USAGE] = json.dumps(spike)
+    create(cluster, greedy)
+    eventually("greedy measured at 12 GiB", lambda: used_on(cluster, NODE) >= 12 * GIB)
+    create(cluster, pod(ns, "waiting", "6Gi"))
+    reason = refused(cluster, ns, "waiting")
+    assert "GiB headroom < 6.0 GiB declared" in reason, reason
+
+    cluster.stop("extender")
+    try:
+        eventually(
+            "greedy measured at 1 GiB", lambda: used_on(cluster, NODE) < 12 * GIB, timeout=90
+        )
+    finally:
+        cluster.start("extender")
+    back = time.time()
+    bound = bound_at(cluster, ns, "waiting")
+    print(f"\nrequeue after a restart: bound {bound - back:.1f}s after the extender was ready")
+    assert node_of(cluster, ns, "waiting") == NODE
+
+
 @pytest.fixture
 def added_node(cluster: Cluster) -> Iterator[nodes.NodeSpec]:
     template = next(spec for spec in nodes.load() if spec.name == NODE)
