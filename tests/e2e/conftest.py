@@ -79,3 +79,12 @@ def namespace(cluster: Cluster) -> Iterator[NamespaceFactory]:
         )  # fmt: skip
         cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=true", "--timeout=60s")
         cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is an e2e test (``make unit`` deselects them), whether
+    or not its module says so."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.e2e)
