@@ -18,6 +18,7 @@ from kubernetes import client
 
 from extender.binding import REQUEST_TIMEOUT_SECONDS, ApiCalls, api_binder, api_reader
 from extender.verbs import BindError, ReadError
+from tests.pod_reads import POD_PATH, read_pod
 
 Seen = list[tuple[str, dict[str, Any]]]
 MANIFESTS = Path(__file__).parents[2] / "manifests" / "base"
@@ -61,16 +62,8 @@ async def apiserver() -> AsyncIterator[tuple[str, Seen]]:
         }
         return web.json_response(success, status=201)
 
-    async def read(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name == "gone":
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        if name == "broken":
-            return web.json_response({"kind": "Status", "message": "etcd down"}, status=503)
-        return web.json_response({"metadata": {"name": name}, "spec": {"nodeName": "gpu-a"}})
-
     app = web.Application()
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", read)
+    app.router.add_get(POD_PATH, read_pod)
     app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
     async with TestServer(app, host="127.0.0.1") as server:
         yield str(server.make_url("")).rstrip("/"), seen

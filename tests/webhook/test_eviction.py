@@ -17,6 +17,7 @@ from kubernetes import client
 
 from headroom import names
 from kube.rest import Rest
+from tests.pod_reads import POD_PATH, read_pod
 from tests.webhook.conftest import Client
 from webhook.eviction import NODE_CLAIM, api_pod_node, eviction_reviewer
 from webhook.metrics import WebhookMetrics
@@ -145,16 +146,8 @@ async def test_a_malformed_review_is_a_denial_naming_the_field(webhook: Client) 
 
 
 async def test_the_pod_is_read_from_the_apiserver() -> None:
-    async def read(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name == "gone":
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        if name == "broken":
-            return web.json_response({"kind": "Status", "message": "etcd down"}, status=503)
-        return web.json_response({"metadata": {"name": name}, "spec": {"nodeName": "gpu-a"}})
-
     app = web.Application()
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", read)
+    app.router.add_get(POD_PATH, read_pod)
     async with TestServer(app, host="127.0.0.1") as server:
         configuration = client.Configuration()
         configuration.host = str(server.make_url("")).rstrip("/")
