@@ -557,11 +557,11 @@ def _cap(
     if spread is None:
         return lines, (0, 0)
     replicas = {c.uid: c.shared for c in unlocated}
-    single = sorted((line.charged for line in lines if replicas.get(line.uid) == 1), reverse=True)
     ranked = sorted(
         (line for line in lines if replicas.get(line.uid) == 1),
         key=lambda line: (-line.charged, line.uid),
     )
+    single = [line.charged for line in ranked]
     now = spread.now.get(index, len(ranked))
     kept = {line.uid for line in ranked[:now]}
     capped = [

@@ -101,8 +101,8 @@ def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
     assert rooms == []  # a stale report frees nothing
 
 
-def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
-    # A located pod is charged to its GPU only, no longer to every GPU it could be on.
+def two_gpus_reporting_one_pod() -> tuple[ClusterState, list[str]]:
+    """A 2-GPU node whose report shows pod u1 on GPU 0; the rooms told from now on."""
     now = EPOCH.timestamp()
     state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
     rooms: list[str] = []
@@ -110,6 +110,12 @@ def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
     state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
     state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": GIB}, 1: {}}))
     rooms.clear()
+    return state, rooms
+
+
+def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
+    # A located pod is charged to its GPU only, no longer to every GPU it could be on.
+    state, rooms = two_gpus_reporting_one_pod()
     state.on_report("MODIFIED", gpu_report("gpu-a", {0: {"u1": 2 * GIB}, 1: {"u2": GIB}}))
     assert rooms == ["gpu-a"]
     rooms.clear()
@@ -118,13 +124,7 @@ def test_a_report_locating_a_pod_for_the_first_time_is_room() -> None:
 
 
 def test_a_pod_located_by_its_allocation_alone_is_room_too() -> None:
-    now = EPOCH.timestamp()
-    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
-    rooms: list[str] = []
-    state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
-    state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": GIB}, 1: {}}))
-    rooms.clear()
+    state, rooms = two_gpus_reporting_one_pod()
     allocated = gpu_report("gpu-a", {0: {"u1": GIB}, 1: {"u2": 0}})
     allocated["status"]["gpus"][1]["pods"][0]["allocated"] = True
     state.on_report("MODIFIED", allocated)

@@ -135,20 +135,24 @@ async def test_a_header_sent_a_byte_at_a_time_is_cut_off(serve: ServerFactory) -
     connection.writer.write(b"POST /mutate HTTP/1.1\r\n")
     started = time.monotonic()
 
-    async def trickle() -> None:
-        with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
-            for byte in b"Host: webhook\r\nContent-Type: application/json\r\n" * 10:
-                connection.writer.write(bytes([byte]))
-                await connection.writer.drain()
-                await asyncio.sleep(0.05)
-
-    sending = asyncio.create_task(trickle())
+    sending = asyncio.create_task(
+        trickle(connection, b"Host: webhook\r\nContent-Type: application/json\r\n" * 10)
+    )
     await closed_after(connection, 5.0)
     sending.cancel()
 
     # Without the header deadline the keep-alive would not fire: a request was being read.
     assert time.monotonic() - started < FAST.header_timeout + 1.0
     await connection.close()
+
+
+async def trickle(connection: Connection, data: bytes) -> None:
+    """Send ``data`` a byte every 50 ms, as a slow client would, until cut off."""
+    with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
+        for byte in data:
+            connection.writer.write(bytes([byte]))
+            await connection.writer.drain()
+            await asyncio.sleep(0.05)
 
 
 async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(
@@ -169,14 +173,7 @@ async def test_a_slow_body_is_cut_off(serve: ServerFactory) -> None:
     connection.writer.write(head.encode() + body[:100])
     started = time.monotonic()
 
-    async def trickle() -> None:
-        with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
-            for byte in body[100:]:
-                connection.writer.write(bytes([byte]))
-                await connection.writer.drain()
-                await asyncio.sleep(0.05)
-
-    sending = asyncio.create_task(trickle())
+    sending = asyncio.create_task(trickle(connection, body[100:]))
     await closed_after(connection, 5.0)
     sending.cancel()
 
