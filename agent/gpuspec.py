@@ -6,8 +6,14 @@ MIG strategy ``mixed`` the node's capacity lists ``nvidia.com/mig-<profile>``
 and a ``nvidia.com/mig-<profile>.memory`` label gives each profile's MiB. The
 KWOK nodes of the local cluster carry the same labels, so the simulation sees
 the GPUs the scheduler sees. MIG strategy ``single`` is simulated as whole GPUs.
+
+A simulated GPU's UUID is derived from the node's name and the GPU's index
+(:func:`simulated_gpu_uuid`), so it is the same after a restart, and the test
+device plugin of the local cluster's real node (``devcluster``), standing in
+for NVIDIA's, advertises replicas of the very GPUs this backend simulates.
 """
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +22,19 @@ from agent.probe import ProbeUnavailable
 from headroom import names
 from headroom.mig import MigOffer
 from headroom.quantity import MIB, QuantityError, parse_bytes
+
+SIMULATED_UUID_NAMESPACE = uuid.UUID("6f1c8a2e-3b4d-5e6f-8a9b-0c1d2e3f4a5b")
+"""The uuid5 namespace of every simulated device UUID; changing it renames them all."""
+
+
+def simulated_gpu_uuid(node: str, index: int) -> str:
+    """``GPU-<uuid>`` of simulated GPU ``index`` on ``node``, as NVML would spell a real one."""
+    return f"GPU-{uuid.uuid5(SIMULATED_UUID_NAMESPACE, f'{node}/{index}')}"
+
+
+def simulated_mig_uuid(node: str, index: int, profile: str, instance: int) -> str:
+    """``MIG-<uuid>`` of simulated MIG device ``instance`` of ``profile`` on GPU ``index``."""
+    return f"MIG-{uuid.uuid5(SIMULATED_UUID_NAMESPACE, f'{node}/{index}/{profile}/{instance}')}"
 
 
 @dataclass(frozen=True)

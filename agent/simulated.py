@@ -26,14 +26,13 @@ PodResources answer says on a real node (agent.allocations).
 """
 
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.gpuspec import GPUSpec, spec_from_node
+from agent.gpuspec import GPUSpec, simulated_gpu_uuid, simulated_mig_uuid, spec_from_node
 from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
 from agent.usage import Leak, Spiky, Steady, UsageError, parse_usage
 from headroom import names
@@ -44,7 +43,6 @@ from headroom.podspec import PodError, gpu_requests
 log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
-_UUID_NAMESPACE = uuid.UUID("6f1c8a2e-3b4d-5e6f-8a9b-0c1d2e3f4a5b")
 
 
 @dataclass
@@ -135,12 +133,12 @@ class SimulatedProbe:
         wanted: dict[str, _Device] = {}
         gpus = []
         for index in range(spec.count):
-            gpu_uuid = self._uuid("GPU", str(index))
+            gpu_uuid = simulated_gpu_uuid(self._node_name, index)
             mig_uuids = []
             for profile, memory, instances in spec.mig:
                 # Instances are dealt round-robin over the GPUs.
                 for n in range(index, instances, spec.count):
-                    mig_uuid = self._uuid("MIG", f"{index}/{profile}/{n}")
+                    mig_uuid = simulated_mig_uuid(self._node_name, index, profile, n)
                     wanted[mig_uuid] = _Device(mig_uuid, memory, profile)
                     mig_uuids.append(mig_uuid)
             if not mig_uuids:
@@ -151,9 +149,6 @@ class SimulatedProbe:
                 wanted[key] = self._devices[key]
         self._devices = wanted
         return gpus
-
-    def _uuid(self, kind: str, where: str) -> str:
-        return f"{kind}-{uuid.uuid5(_UUID_NAMESPACE, f'{self._node_name}/{where}')}"
 
     # --- pods ---------------------------------------------------------------
 
@@ -188,7 +183,7 @@ class SimulatedProbe:
         index = self._whole_gpu(uid, gpus)
         if index is None:
             return None  # a whole-GPU request cannot land on a MIG GPU
-        return self._uuid("GPU", str(index)), load
+        return simulated_gpu_uuid(self._node_name, index), load
 
     def _whole_gpu(self, uid: str, gpus: list[tuple[int, GPUSpec, list[str]]]) -> int | None:
         """The GPU a pod got, or the one the device plugin's distributed policy gives it."""
@@ -242,7 +237,7 @@ class SimulatedProbe:
         loads: Mapping[str, list[_Load]],
     ) -> GPU:
         index, spec, mig_uuids = gpu
-        gpu_uuid = self._uuid("GPU", str(index))
+        gpu_uuid = simulated_gpu_uuid(self._node_name, index)
 
         def processes(key: str) -> tuple[GPUProcess, ...]:
             device = self._devices[key]
