@@ -92,8 +92,14 @@ class KubeletAllocations:
         """The reason of the current run of failures, logged once at its start."""
         self._unknown: set[str] = set()
         """Device IDs already logged as unknown: the same ones come back every tick."""
+        self.latest: dict[str, frozenset[str]] = {}
+        """The last :meth:`read`'s answer: where the simulated backend places pods."""
 
     async def read(self, pods: Mapping[str, Pod]) -> dict[str, frozenset[str]]:
+        self.latest = await self._read(pods)
+        return self.latest
+
+    async def _read(self, pods: Mapping[str, Pod]) -> dict[str, frozenset[str]]:
         try:
             answer = await self._client.list()
         except PodResourcesError as err:

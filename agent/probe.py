@@ -17,7 +17,8 @@ class GPUProcess:
     """One compute process on a GPU or MIG device.
 
     NVML knows a host ``pid``; the pod is found later through its cgroup. The
-    simulated backend has no processes, so it names the pod directly.
+    simulated backend on a KWOK node has no processes, so it names the pod
+    directly; on a real node (host-process mode) it gives real pids, as NVML.
     """
 
     pid: int | None

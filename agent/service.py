@@ -6,7 +6,8 @@ reporter, guard, pod actions), so tests drive it without a cluster.
 (``spec.nodeName``), GPUSharingPolicy and Namespace informers for the guard
 (a pod's policy is its namespace's label, never its own annotation), the node's
 labels for the simulated backend, kubelet's PodResources socket for the nvml
-one (which GPU each pod was given, :mod:`agent.allocations`), and the HTTP port.
+one (which GPU each pod was given, :mod:`agent.allocations`) and for the
+simulated one in host-process mode (:mod:`agent.simulated`), and the HTTP port.
 
 Nothing here raises out of the loop: a failed tick is logged and the next one
 runs on time, so the DaemonSet pod never crash-loops on a GPU or API problem.
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from kubernetes import client
@@ -36,6 +37,7 @@ from agent.guard import Guard, Namespace, Verdict
 from agent.nvml import NvmlProbe
 from agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from agent.probe import BackendName, Probe, ProbeUnavailable, Snapshot
+from agent.processes import main_processes
 from agent.reporter import Reporter, WritePolicy
 from agent.server import AgentMetrics, create_app
 from agent.simulated import SimulatedProbe
@@ -47,6 +49,9 @@ from kube.informer import Informer
 log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
+SimProcesses = Literal["none", "host"]
+"""Simulated backend: ``none`` names pods directly (KWOK nodes run no process);
+``host`` reports the real host pids of the pods' containers (a real node)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class AgentConfig:
     interval_seconds: float = 5.0
     proc_root: Path = Path("/proc")
     sim_spec: GPUSpec | None = None
+    sim_processes: SimProcesses = "none"
     write_policy: WritePolicy = field(default_factory=WritePolicy)
     grace: int = 2
     port: int = 0
@@ -65,7 +71,14 @@ class AgentConfig:
     nvml_retry_seconds: float = 60.0
     pod_resources_socket: str = DEFAULT_SOCKET
     """kubelet's PodResources socket, asked each tick which GPU each pod was given
-    (nvml backend; the simulation decides that itself); "" asks nothing."""
+    (nvml backend, or simulated with host processes; on a KWOK node the simulation
+    decides that itself); "" asks nothing."""
+
+    @property
+    def asks_kubelet(self) -> bool:
+        """Whether a kubelet with its device plugin runs on this node to be asked."""
+        real = self.backend == "nvml" or self.sim_processes == "host"
+        return real and bool(self.pod_resources_socket)
 
 
 class Actions(Protocol):
@@ -113,6 +126,8 @@ class Agent:
         pods = {str((p.get("metadata") or {}).get("uid")): p for p in self._pods().values()}
         snapshot: Snapshot | None = None
         failure: ProbeUnavailable | None = None
+        # Asked first: the simulated backend on a real node places pods where kubelet did.
+        allocations = await self._allocations(pods) if self._allocations is not None else {}
         try:
             if self._probe.blocking:
                 snapshot = await asyncio.to_thread(self._probe.snapshot)
@@ -120,8 +135,8 @@ class Agent:
                 snapshot = self._probe.snapshot()
         except ProbeUnavailable as err:
             failure = err
-        if snapshot is not None and self._allocations is not None:
-            snapshot = with_allocations(snapshot, await self._allocations(pods))
+        if snapshot is not None:
+            snapshot = with_allocations(snapshot, allocations)
         self._note_availability(failure)
         status = build_status(
             node_name=self._node_name,
@@ -242,6 +257,13 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
     namespace_informer = Informer(core.list_namespace, name="namespaces")
     tasks: list[asyncio.Task[None]] = []
     waits = [pod_informer.synced]
+    kubelet = None
+    if config.asks_kubelet:
+        # Bounded well inside a tick: a stuck kubelet delays the report, never skips it.
+        timeout = min(2.0, config.interval_seconds / 2)
+        kubelet = KubeletAllocations(
+            PodResourcesClient(config.pod_resources_socket, timeout_seconds=timeout)
+        )
     probe: Probe
     if config.backend == "simulated":
         node_cache = NodeCache(core, config.node_name)
@@ -253,16 +275,17 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
             pods=lambda: list(pod_informer.items.values()),
             node=lambda: node_cache.node,
             spec=config.sim_spec,
+            # Scans /proc on the event loop, where the pod cache is safe to read:
+            # a few ms per tick for the few hundred processes of a node.
+            host_processes=(
+                functools.partial(main_processes, config.proc_root)
+                if config.sim_processes == "host"
+                else None
+            ),
+            allocations=(lambda: kubelet.latest) if kubelet is not None else dict,
         )
     else:
         probe = NvmlProbe(retry_seconds=config.nvml_retry_seconds)
-    kubelet = None
-    if config.backend == "nvml" and config.pod_resources_socket:
-        # Bounded well inside a tick: a stuck kubelet delays the report, never skips it.
-        timeout = min(2.0, config.interval_seconds / 2)
-        kubelet = KubeletAllocations(
-            PodResourcesClient(config.pod_resources_socket, timeout_seconds=timeout)
-        )
     agent = Agent(
         node_name=config.node_name,
         probe=probe,
@@ -285,9 +308,10 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         for event in waits:
             await _wait(event, stop)
         log.info(
-            "agent for node %s: %s backend, every %.1fs",
+            "agent for node %s: %s backend%s, every %.1fs",
             config.node_name,
             probe.name,
+            " (host processes)" if config.sim_processes == "host" else "",
             config.interval_seconds,
         )
         await agent.run(stop, config.interval_seconds)

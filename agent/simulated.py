@@ -23,6 +23,18 @@ free device of its profile. A restarted agent deals the running pods out again
 in start order. The device a pod asking for a GPU resource gets is
 ``allocated`` to it from then on, holding memory or not, as kubelet's
 PodResources answer says on a real node (agent.allocations).
+
+On a KWOK node there are no processes, so each simulated process names its
+pod. On the local cluster's real node (kubelet, containerd, runc, and a test
+device plugin standing in for NVIDIA's), the backend runs in host-process
+mode (``host_processes``): it stands in for NVML alone. Each pod's memory is
+then held by the real host pid of its GPU container's main process
+(:mod:`agent.processes`) and the agent finds the pod from that pid's cgroup, as
+it does with NVML; a pod whose container has no process yet holds nothing, as
+a CUDA process not yet started would. And the device is the one kubelet
+allocated (``allocations``: its PodResources answer, whose replica IDs carry
+the GPU UUID, :func:`agent.gpuspec.simulated_gpu_uuid`); the distributed
+choice above is only the fallback while kubelet does not answer.
 """
 
 import logging
@@ -32,8 +44,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.cgroups import ContainerRef
 from agent.gpuspec import GPUSpec, simulated_gpu_uuid, simulated_mig_uuid, spec_from_node
 from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
+from agent.processes import pod_process
 from agent.usage import Leak, Spiky, Steady, UsageError, parse_usage
 from headroom import names
 from headroom.claims import parse_claim
@@ -43,6 +57,10 @@ from headroom.podspec import PodError, gpu_requests
 log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
+ProcessTable = Mapping[ContainerRef, int]
+"""(pod UID, container ID) -> host pid of the container's main process."""
+Allocations = Mapping[str, frozenset[str]]
+"""Device UUID -> UIDs of the pods kubelet gave it (``agent.allocations``)."""
 
 
 @dataclass
@@ -63,6 +81,8 @@ class _Load:
     demand: int
     allocated: bool = False
     """It asked for a GPU resource, so the device plugin gave it this device."""
+    pid: int | None = None
+    """Host-process mode: the real process holding the memory (None: none yet)."""
 
 
 class SimulatedProbe:
@@ -76,12 +96,18 @@ class SimulatedProbe:
         node: Callable[[], Pod | None] = lambda: None,
         spec: GPUSpec | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        host_processes: Callable[[], ProcessTable] | None = None,
+        allocations: Callable[[], Allocations] = dict,
     ) -> None:
+        """``host_processes`` (e.g. :func:`agent.processes.main_processes`) turns on
+        host-process mode; ``allocations`` is kubelet's latest answer, if any."""
         self._node_name = node_name
         self._pods = pods
         self._node = node
         self._spec = spec
         self._clock = clock
+        self._host_processes = host_processes
+        self._allocations = allocations
         self._devices: dict[str, _Device] = {}
         self._mig_of: dict[str, str] = {}  # pod uid -> MIG device uuid, sticky
         self._gpu_of: dict[str, int] = {}  # pod uid -> GPU index, sticky
@@ -107,8 +133,10 @@ class SimulatedProbe:
         pods = sorted(self._pods(), key=lambda pod: (_started(pod) or now, _uid(pod)))
         present = {_uid(pod) for pod in pods}
         self._gpu_of = {uid: gpu for uid, gpu in self._gpu_of.items() if uid in present}
+        table = self._host_processes() if self._host_processes is not None else None
+        devices_of = _devices_of(self._allocations())
         for pod in pods:
-            placed = self._place(pod, gpus, now)
+            placed = self._place(pod, gpus, now, table, devices_of.get(_uid(pod), frozenset()))
             if placed is not None:
                 loads.setdefault(placed[0], []).append(placed[1])
         for device in self._devices.values():
@@ -153,9 +181,17 @@ class SimulatedProbe:
     # --- pods ---------------------------------------------------------------
 
     def _place(
-        self, pod: Pod, gpus: list[tuple[int, GPUSpec, list[str]]], now: datetime
+        self,
+        pod: Pod,
+        gpus: list[tuple[int, GPUSpec, list[str]]],
+        now: datetime,
+        table: ProcessTable | None,
+        given: frozenset[str],
     ) -> tuple[str, _Load] | None:
-        """The device a Running pod's memory lives on, and its demand now."""
+        """The device a Running pod's memory lives on, and its demand now.
+
+        ``table`` is the host processes in host-process mode (None otherwise);
+        ``given`` the devices kubelet allocated the pod."""
         metadata = pod.get("metadata") or {}
         status = pod.get("status") or {}
         uid = str(metadata.get("uid") or "")
@@ -175,18 +211,32 @@ class SimulatedProbe:
         else:
             demand = _declared(pod)
         container = requests[0].container.name if requests else ""
-        load = _Load(uid, container, started, max(demand, 0), allocated=bool(requests))
+        pid = None
+        if table is not None:
+            pid = pod_process(pod, table, container or None)
+            if pid is None:
+                demand = 0  # no process yet (or any more): no CUDA context holds memory
+        load = _Load(uid, container, started, max(demand, 0), allocated=bool(requests), pid=pid)
         profile = profile_from_resource(requests[0].resource) if requests else None
         if profile is not None:
-            device = self._mig_device(uid, profile, gpus)
+            device = self._mig_device(uid, profile, gpus, given)
             return None if device is None else (device, load)
-        index = self._whole_gpu(uid, gpus)
+        index = self._whole_gpu(uid, gpus, given)
         if index is None:
             return None  # a whole-GPU request cannot land on a MIG GPU
         return simulated_gpu_uuid(self._node_name, index), load
 
-    def _whole_gpu(self, uid: str, gpus: list[tuple[int, GPUSpec, list[str]]]) -> int | None:
-        """The GPU a pod got, or the one the device plugin's distributed policy gives it."""
+    def _whole_gpu(
+        self, uid: str, gpus: list[tuple[int, GPUSpec, list[str]]], given: frozenset[str]
+    ) -> int | None:
+        """The GPU kubelet allocated the pod, else the one it got before, else the
+        one the device plugin's distributed policy gives it."""
+        for index, _, mig_uuids in gpus:
+            if not mig_uuids and simulated_gpu_uuid(self._node_name, index) in given:
+                self._gpu_of[uid] = index
+                return index
+        if given:
+            self._warn(uid, f"pod {uid}: kubelet allocated {sorted(given)}, no simulated GPU")
         current = self._gpu_of.get(uid)
         if current is not None and current < len(gpus) and not gpus[current][2]:
             return current
@@ -199,8 +249,16 @@ class SimulatedProbe:
         return index
 
     def _mig_device(
-        self, uid: str, profile: str, gpus: list[tuple[int, GPUSpec, list[str]]]
+        self,
+        uid: str,
+        profile: str,
+        gpus: list[tuple[int, GPUSpec, list[str]]],
+        given: frozenset[str],
     ) -> str | None:
+        for mig_uuid in sorted(given):
+            if mig_uuid in self._devices and self._devices[mig_uuid].profile == profile:
+                self._mig_of[uid] = mig_uuid
+                return mig_uuid
         current = self._mig_of.get(uid)
         if current in self._devices:
             return current
@@ -238,18 +296,22 @@ class SimulatedProbe:
     ) -> GPU:
         index, spec, mig_uuids = gpu
         gpu_uuid = simulated_gpu_uuid(self._node_name, index)
+        by_pid = self._host_processes is not None
 
         def processes(key: str) -> tuple[GPUProcess, ...]:
             device = self._devices[key]
             return tuple(
+                # By host pid, as NVML reports, for the agent to find the pod
+                # from its cgroup; otherwise there is no process, and it names the pod.
                 GPUProcess(
-                    pid=None,
+                    pid=load.pid,
                     used_bytes=device.held.get(load.uid, 0),
-                    pod_uid=load.uid,
-                    container=load.container or None,
+                    pod_uid=None if by_pid else load.uid,
+                    container=None if by_pid else load.container or None,
                     starved_bytes=starved.get(load.uid, 0),
                 )
                 for load in loads.get(key, [])
+                if not by_pid or load.pid is not None
             )
 
         def allocated(key: str) -> frozenset[str]:
@@ -294,6 +356,15 @@ def _allocate(device: _Device, loads: list[_Load]) -> None:
         held = device.held.get(load.uid, 0)
         free = max(device.total - sum(device.held.values()), 0)
         device.held[load.uid] = held + min(max(load.demand - held, 0), free)
+
+
+def _devices_of(allocations: Allocations) -> dict[str, frozenset[str]]:
+    """Pod UID -> the device UUIDs kubelet allocated it."""
+    found: dict[str, set[str]] = {}
+    for device, uids in allocations.items():
+        for uid in uids:
+            found.setdefault(uid, set()).add(device)
+    return {uid: frozenset(devices) for uid, devices in found.items()}
 
 
 def _uid(pod: Pod) -> str:

@@ -8,6 +8,12 @@ GPU kubelet allocated it (PodResources, --pod-resources-socket) before it
 holds memory there. A pod using more GPU memory than it declared gets a
 Warning Event and, under a policy with guard: evict, is evicted. Without an
 NVIDIA driver the report says NVMLAvailable=False and the agent keeps running.
+
+The simulated backend stands in for the GPUs of fake (KWOK) nodes. On a real
+node without a GPU, --sim-processes host makes it stand in for NVML alone:
+the memory each pod's demand asks for is reported on the host pid of its
+container's main process, on the GPU kubelet allocated the pod, and the agent
+finds the pod from that pid's cgroup as it would with NVML.
 """
 
 import argparse
@@ -64,13 +70,22 @@ def add_parser(subparsers: Any) -> None:
         default=_POD_RESOURCES_SOCKET,
         metavar="PATH",
         help="kubelet's PodResources socket, asked which GPU each pod was given "
-        "(nvml backend; default %(default)s); an empty string asks nothing",
+        "(nvml backend, or simulated with --sim-processes host; default %(default)s); "
+        "an empty string asks nothing",
     )
     parser.add_argument(
         "--sim-gpus",
         metavar="SPEC",
         help="simulated backend: COUNTxMEMORY[:PRODUCT], e.g. 1x40Gi:NVIDIA-A100-PCIE-40GB "
         "(default: from the node's nvidia.com/gpu.* labels)",
+    )
+    parser.add_argument(
+        "--sim-processes",
+        choices=["none", "host"],
+        default="none",
+        help="simulated backend: none: no processes, memory is charged to pods by name "
+        "(KWOK nodes); host: to the real host pid of each pod's container, found in "
+        "--proc-root, on the GPU kubelet allocated (a real node without a GPU; default none)",
     )
     parser.add_argument(
         "--guard-grace",
@@ -115,12 +130,16 @@ def run(args: argparse.Namespace) -> int:
     if spec is not None and args.backend != "simulated":
         log.error("--sim-gpus needs --backend simulated")
         return 2
+    if args.sim_processes != "none" and args.backend != "simulated":
+        log.error("--sim-processes needs --backend simulated")
+        return 2
     config = AgentConfig(
         node_name=args.node_name,
         backend=args.backend,
         interval_seconds=args.interval,
         proc_root=args.proc_root,
         sim_spec=spec,
+        sim_processes=args.sim_processes,
         write_policy=WritePolicy(heartbeat_seconds=max(args.heartbeat, args.interval)),
         grace=args.guard_grace,
         port=args.port,

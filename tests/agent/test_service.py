@@ -14,7 +14,7 @@ from agent.podresources import DEFAULT_SOCKET
 from agent.probe import BackendName, Snapshot
 from agent.reporter import Reporter
 from agent.server import AgentMetrics, create_app
-from agent.service import Agent
+from agent.service import Agent, AgentConfig
 from cli.main import build_parser, main
 from cli.options import duration
 from devcluster.state import free_port
@@ -124,6 +124,10 @@ def test_durations() -> None:
             "--sim-gpus needs --backend simulated",
         ),
         (["agent", "--node-name", "n", "--backend", "simulated", "--sim-gpus", "40Gi"], "GPU spec"),
+        (
+            ["agent", "--node-name", "n", "--sim-processes", "host"],
+            "--sim-processes needs --backend simulated",
+        ),
         (["agent", "--node-name", "n", "--guard-grace", "0"], "--guard-grace"),
     ],
 )
@@ -140,3 +144,12 @@ def test_pod_resources_socket_defaults_to_kubelets_and_empty_asks_nothing() -> N
     parser = build_parser()
     assert parser.parse_args(["agent"]).pod_resources_socket == DEFAULT_SOCKET
     assert parser.parse_args(["agent", "--pod-resources-socket", ""]).pod_resources_socket == ""
+
+
+def test_kubelet_is_asked_on_real_nodes_only() -> None:
+    assert AgentConfig("n").asks_kubelet
+    assert not AgentConfig("n", pod_resources_socket="").asks_kubelet
+    assert not AgentConfig("n", backend="simulated").asks_kubelet  # a KWOK node has no kubelet
+    assert AgentConfig("n", backend="simulated", sim_processes="host").asks_kubelet
+    parser = build_parser()
+    assert parser.parse_args(["agent"]).sim_processes == "none"
