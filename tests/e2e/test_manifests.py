@@ -3,7 +3,8 @@
 ``manifests/base`` goes through a server-side dry run (schema, defaulting,
 admission; nothing needs to pull an image); the local overlay (the base minus
 the workloads) was applied for real by ``cluster up``, and each of its objects
-must be in the cluster as rendered.
+must be in the cluster as rendered. The real-node overlay is the base pinned to
+the real node, with local images and a simulated agent, and nothing weaker.
 """
 
 import os
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
 from devcluster.cluster import Cluster
 from devcluster.kubectl import FIELD_MANAGER
@@ -30,6 +32,8 @@ WORKLOADS = {
     ("PodDisruptionBudget", "headroom-webhook"),
 }
 SA = "system:serviceaccount:headroom-system:"
+REAL_NODE = {"headroom.dev/real-node": "true"}
+GPU_TAINT = {"key": "node-role.kubernetes.io/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def _keys(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -73,6 +77,76 @@ def test_local_overlay_is_the_base_without_workloads_and_is_applied(cluster: Clu
     assert webhook["reinvocationPolicy"] == "IfNeeded"
     assert webhook["sideEffects"] == "None"
     assert [c["name"] for c in webhook["matchConditions"]] == ["asks-for-nvidia-gpu"]
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    pod: dict[str, Any] = spec["template"]["spec"]
+    return pod
+
+
+def _without_pinning(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` less what the real-node overlay may change in a workload: where it
+    runs, the pull policy, the agent's flags and the kubelet directory's host path."""
+    copy: dict[str, Any] = yaml.safe_load(yaml.safe_dump(obj))
+    if copy["kind"] in ("Deployment", "DaemonSet", "Job", "CronJob"):
+        pod = _pod_spec(copy)
+        pod.pop("nodeSelector", None)
+        pod["tolerations"] = [t for t in pod.get("tolerations", []) if t != GPU_TAINT]
+        pod["volumes"] = sorted(pod.get("volumes", []), key=lambda v: v["name"])
+        for volume in pod["volumes"]:
+            if volume["name"] == "pod-resources":
+                volume["hostPath"].pop("path")
+        for container in pod["containers"]:
+            container.pop("imagePullPolicy", None)
+            if copy["kind"] == "DaemonSet":
+                container.pop("args")
+    return copy
+
+
+def test_realnode_overlay_pins_the_base_to_the_real_node_and_weakens_nothing(
+    cluster: Cluster,
+) -> None:
+    base = {(o["kind"], o["metadata"]["name"]): o for o in _render(cluster, MANIFESTS / "base")}
+    real = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in _render(cluster, MANIFESTS / "overlays" / "realnode")
+    }
+
+    assert set(real) == set(base)
+    workloads = {key for key in real if key[0] in ("Deployment", "DaemonSet", "Job", "CronJob")}
+    assert workloads == {
+        key for key in WORKLOADS if key[0] not in ("Service", "PodDisruptionBudget")
+    }
+    for key in workloads:
+        pod, base_pod = _pod_spec(real[key]), _pod_spec(base[key])
+        assert pod["nodeSelector"].items() >= REAL_NODE.items(), key
+        assert pod["securityContext"] == base_pod["securityContext"], key
+        for container, base_container in zip(
+            pod["containers"], base_pod["containers"], strict=True
+        ):
+            where = (*key, container["name"])
+            assert container["imagePullPolicy"] == "Never", where  # imported, never pulled
+            assert container["image"] == base_container["image"], where
+            assert container["securityContext"] == base_container["securityContext"], where
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+        if key[0] != "DaemonSet":  # the agent runs as uid 0 in base too (its manifest says why)
+            assert pod["securityContext"]["runAsNonRoot"] is True, key
+    # Everything else exactly as base: probes, resources, RBAC, the webhook configuration.
+    assert {k: _without_pinning(o) for k, o in real.items()} == {
+        k: _without_pinning(o) for k, o in base.items()
+    }
+
+    agent = _pod_spec(real[("DaemonSet", "headroom-agent")])
+    args = build_parser().parse_args(agent["containers"][0]["args"])  # real flags only
+    assert (args.backend, args.sim_processes, args.interval) == ("simulated", "host", 2.0)
+    (volume,) = [v for v in agent["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"]["path"] == "/var/lib/headroom/kubelet/pod-resources"
+    # One node: both webhook replicas must fit on it for the PDB to allow a disruption.
+    webhook = real[("Deployment", "headroom-webhook")]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in str(webhook)
+    budget = real[("PodDisruptionBudget", "headroom-webhook")]["spec"]
+    assert budget["minAvailable"] < webhook["spec"]["replicas"]
 
 
 def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) -> None:
