@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements/lock.txt | cksum | cut -d' ' -f1)
 CONTROLPLANE := tests/e2e/controlplane/build.sh
 
-.PHONY: test demo venv lint unit e2e controlplane lock podresources clean
+.PHONY: test demo venv lint unit e2e controlplane lock podresources deviceplugin clean
 
 test: lint controlplane ## all tests: lint, types, unit, contract, e2e against the real control plane
 	$(BIN)/pytest
@@ -46,6 +46,9 @@ lock: ## re-resolve requirements/lock.txt from pyproject.toml
 
 podresources: venv ## regenerate agent/podresources stubs from the vendored kubelet proto (a test checks them)
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. agent/podresources/api.proto
+
+deviceplugin: venv ## regenerate devcluster/deviceplugin stubs from the vendored kubelet proto (a test checks them)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. devcluster/deviceplugin/api.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
