@@ -276,7 +276,8 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
             node=lambda: node_cache.node,
             spec=config.sim_spec,
             # Scans /proc on the event loop, where the pod cache is safe to read:
-            # a few ms per tick for the few hundred processes of a node.
+            # about 0.1 ms a process (9 ms for 90 on the 2-core dev VM), mostly the
+            # kernel writing each cgroup file; fine for a test node every 2 s.
             host_processes=(
                 functools.partial(main_processes, config.proc_root)
                 if config.sim_processes == "host"
