@@ -6,10 +6,11 @@ fetched here) configured with time-slicing, ``renameByDefault: true`` and
 follows. No NVML: the GPUs are named, not probed.
 """
 
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from agent.gpuspec import simulated_gpu_uuid
 
 RESOURCE_NAME = "nvidia.com/gpu.shared"
 """``nvidia.com/gpu`` renamed by time-slicing's ``renameByDefault``
@@ -26,19 +27,16 @@ REPLICA_IDS_ENV = "HEADROOM_REPLICA_IDS"
 """Not NVIDIA's: the replica IDs kubelet allocated, comma-separated, so a workload
 or a test sees which replica it holds (NVIDIA's plugin tells only the GPU)."""
 
-GPU_UUID_NAMESPACE = uuid.UUID("6f1c8a2e-3b4d-5e6f-8a9b-0c1d2e3f4a5b")
-"""The namespace of ``agent.simulated``'s GPU UUIDs: the plugin names GPU ``i`` of
-a node as that backend does, so the agent's simulated GPUs are the ones kubelet
-allocates (a test checks both agree)."""
-
 
 class InvalidRequest(ValueError):
     """An Allocate kubelet should not have sent; the message is NVIDIA's text."""
 
 
 def gpu_uuid(node: str, index: int) -> str:
-    """``GPU-<uuid5>``, fixed by the node name and the GPU's index."""
-    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, f'{node}/{index}')}"
+    """``GPU-<uuid5>``, fixed by the node name and the GPU's index: the very function the
+    agent's simulated backend names its GPUs with, so the GPUs the agent simulates are
+    the ones kubelet allocates."""
+    return simulated_gpu_uuid(node, index)
 
 
 def gpu_of(device_id: str) -> str:
