@@ -1,6 +1,6 @@
 """``headroom cluster up|down|status``: a local control plane with fake GPU nodes.
 
-  headroom cluster up [--nodes nodes.yaml] [--state-dir DIR] [--bare] [--no-build]
+  headroom cluster up [--nodes nodes.yaml] [--state-dir DIR] [--bare] [--no-build] [--real-node]
   headroom cluster down [--state-dir DIR]
   headroom cluster status [--state-dir DIR]
 
@@ -9,6 +9,8 @@ headroom-scheduler and kwok on 127.0.0.1 (no Docker), creates the seeds' GPU
 nodes (or those in --nodes), and installs Headroom: CRDs, example policies,
 webhook, extender and one simulated agent per GPU node. From a checkout it
 first builds the control plane if needed (tests/e2e/controlplane/build.sh).
+--real-node adds one real node, gpu-real-0: kubelet, containerd and runc on this
+machine (root; tests/e2e/controlplane/build-node.sh builds kubelet once).
 The state dir defaults to $HEADROOM_STATE or ~/.local/state/headroom/cluster.
 """
 
@@ -37,6 +39,11 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument(
         "--no-build", action="store_true", help="fail instead of building missing binaries"
     )
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run gpu-real-0: a real kubelet with containerd and runc (needs root)",
+    )
     up.set_defaults(run=run_up)
     down = actions.add_parser("down", help="stop everything and remove the state dir")
     down.set_defaults(run=run_down)
@@ -56,13 +63,23 @@ def run_up(args: argparse.Namespace) -> int:
     from devcluster.binaries import BinariesMissing
     from devcluster.cluster import ClusterError, up
     from devcluster.kubectl import KubectlError
+    from devcluster.nodehost import HostError
     from devcluster.nodes import NodesError
     from devcluster.process import ProcessError
+    from devcluster.realnode import RealNodeError
 
     try:
-        cluster = up(args.nodes, args.state_dir, headroom=not args.bare, build=not args.no_build)
+        cluster = up(
+            args.nodes,
+            args.state_dir,
+            headroom=not args.bare,
+            build=not args.no_build,
+            real_node=args.real_node,
+        )
     except (
         BinariesMissing,
+        HostError,
+        RealNodeError,
         ClusterError,
         KubectlError,
         NodesError,
@@ -79,11 +96,13 @@ def run_up(args: argparse.Namespace) -> int:
 
 def run_down(args: argparse.Namespace) -> int:
     from devcluster.cluster import ClusterError, down
+    from devcluster.nodehost import HostError
+    from devcluster.realnode import RealNodeError
 
     try:
         if not down(args.state_dir):
             print("no cluster was running", file=sys.stderr)
-    except ClusterError as err:
+    except (ClusterError, HostError, RealNodeError) as err:
         print(f"headroom cluster down: {err}", file=sys.stderr)
         return 1
     return 0

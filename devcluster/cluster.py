@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devcluster import binaries, components, controlplane, nodes
+from devcluster import binaries, components, controlplane, nodes, realnode
 from devcluster.kubectl import Kubectl, wait_until
 from devcluster.process import Component, ProcessError, Progress
 from devcluster.state import ClusterState, default_state_dir
@@ -135,9 +135,11 @@ def up(
     *,
     headroom: bool = True,
     build: bool = True,
+    real_node: bool = False,
     progress: Progress = _stderr,
 ) -> Cluster:
-    """Start the local cluster (or return the one already running in ``state_dir``)."""
+    """Start the local cluster (or return the one already running in ``state_dir``);
+    with ``real_node``, also the real node (:mod:`devcluster.realnode`), before Headroom."""
     directory = (state_dir or default_state_dir()).resolve()
     existing = ClusterState.load(directory)
     if existing is not None:
@@ -173,9 +175,16 @@ def up(
         )
         _create_nodes(cluster, specs, progress)
         _wait_control_plane(cluster, progress)
+        if real_node:
+            realnode.start(cluster, progress, build=build)
         if headroom:
             components.install(cluster, specs, progress)
     except BaseException:
+        if realnode.owned_by(state):
+            try:
+                realnode.down(state, progress)
+            except Exception as err:  # the original error matters more
+                progress(f"removing the real node failed too: {err}")
         for component in reversed(list(state.components.values())):
             component.stop()
         state.save()
@@ -238,6 +247,8 @@ def down(state_dir: Path | None = None, *, progress: Progress = _stderr) -> bool
         if directory.exists() and any(directory.iterdir()):
             raise ClusterError(f"{directory} has no state.json; not removing it")
         return False
+    if realnode.owned_by(state):
+        realnode.down(state, progress)
     for component in reversed(list(state.components.values())):
         if component.alive():
             progress(f"stopping {component.name} (pid {component.pid})")

@@ -54,6 +54,12 @@ def prepare_pki(state: ClusterState) -> None:
         ip_addresses=pki.APISERVER_IPS,
     )
     pki.service_account_keys(state.pki)
+    # The apiserver's client identity towards kubelets (logs, exec, port-forward).
+    authority.issue(
+        "apiserver-kubelet-client",
+        common_name="kube-apiserver-kubelet-client",
+        groups=("system:masters",),
+    )
     identity(state, "admin", "headroom-admin", ("system:masters",))
 
 
@@ -100,6 +106,13 @@ def apiserver(state: ClusterState, bins: Path) -> Component:
             "--authorization-mode=Node,RBAC",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
             "--allow-privileged=true",
+            f"--kubelet-client-certificate={pkidir / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pkidir / 'apiserver-kubelet-client.key'}",
+            # A kubelet's hostname (gpu-real-0) resolves nowhere; its InternalIP does.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            # Webhooks and aggregated APIs are called at their endpoints' pod IPs (on
+            # the real node's bridge), as there is no kube-proxy to route a ClusterIP.
+            "--enable-aggregator-routing=true",
             "--profiling=false",
         ],
         log=str(state.logs / "kube-apiserver.log"),

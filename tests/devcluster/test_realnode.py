@@ -1,0 +1,102 @@
+"""What devcluster writes for the real node, checked without running it."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from devcluster import binaries, nodehost, realnode
+from devcluster.state import ClusterState
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> ClusterState:
+    state = ClusterState(tmp_path)
+    state.make_dirs()
+    return state
+
+
+def test_cni_version_matches_the_pinned_go_module() -> None:
+    go_mod = (realnode.BUILD_SCRIPT.parent / "cni" / "go.mod").read_text()
+
+    assert re.search(
+        rf"^require github\.com/containernetworking/plugins {realnode.CNI_VERSION}$", go_mod, re.M
+    )
+    built = realnode.node_binaries()
+    assert f"node-k8s-{binaries.KUBERNETES_VERSION}-cni-{realnode.CNI_VERSION}" in str(built.bin)
+    assert built.pause.parent == realnode.images_dir()
+
+
+def test_containerd_config_keeps_everything_in_the_node_directories(state: ClusterState) -> None:
+    config = tomllib.loads(realnode.containerd_config(state, realnode.node_binaries()))
+
+    assert config["root"] == str(realnode.CONTAINERD_ROOT)
+    assert config["state"] == str(realnode.CONTAINERD_STATE)
+    assert config["grpc"]["address"] == str(realnode.CONTAINERD_SOCKET)
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == realnode.PAUSE_IMAGE
+    assert cri["netns_mounts_under_state_dir"] is True
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["options"] == {"SystemdCgroup": False, "Root": str(realnode.RUNC_ROOT)}
+    assert cri["cni"]["conf_dir"] == str(state.directory / "cni" / "net.d")
+    # The shim sockets' directory is containerd's, not ours; unix paths stay short.
+    assert len(str(realnode.CONTAINERD_SOCKET)) < 108
+    assert len(str(realnode.DEVICE_PLUGIN_SOCKET)) < 108
+
+
+def test_pod_network_is_the_bridge_with_the_node_address_as_gateway() -> None:
+    bridge, portmap = realnode.cni_conflist()["plugins"]
+
+    assert bridge["bridge"] == realnode.BRIDGE
+    assert bridge["isDefaultGateway"] is True
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.88.0.0/16", "gateway": "10.88.0.1"}]]
+    assert bridge["ipam"]["dataDir"].startswith(str(realnode.ROOT))
+    assert portmap["backend"] == "iptables"
+
+
+def test_kubelet_authenticates_callers_and_serves_on_the_bridge(state: ClusterState) -> None:
+    config = realnode.kubelet_configuration(state)
+
+    assert config["address"] == realnode.NODE_IP
+    assert config["readOnlyPort"] == 0
+    assert config["healthzBindAddress"] == "127.0.0.1"
+    assert config["authentication"]["anonymous"] == {"enabled": False}
+    assert config["authentication"]["x509"]["clientCAFile"] == str(state.pki / "ca.crt")
+    assert config["authorization"] == {"mode": "Webhook"}
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["containerRuntimeEndpoint"] == f"unix://{realnode.CONTAINERD_SOCKET}"
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert config["port"] != config["healthzPort"]
+
+
+def test_node_labels_are_the_seed_gpu_labels_kubelet_may_set() -> None:
+    labels = realnode.node_labels()
+
+    assert labels["headroom.dev/real-node"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "A100-PCIE-40GB-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    # NodeRestriction refuses most kubernetes.io/ and k8s.io/ labels from a kubelet.
+    assert all(k.startswith(("nvidia.com/", "headroom.dev/")) for k in labels)
+
+
+def test_mount_points_are_found_deepest_first(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "\n".join(
+            [
+                "20 1 0:1 / /var/lib/headroom/kubelet rw - ext4 /dev/vda rw",
+                "21 20 0:2 / /var/lib/headroom/kubelet/pods/u/volumes/a\\040b rw - tmpfs tmpfs rw",
+                "22 1 0:3 / /run/headroom/containerd/x/rootfs rw - overlay overlay rw",
+                "23 1 0:4 / /var/lib/headroomish rw - tmpfs tmpfs rw",
+            ]
+        )
+    )
+
+    found = nodehost.mounts_under([Path("/var/lib/headroom"), Path("/run/headroom")], mountinfo)
+
+    assert found == [
+        "/var/lib/headroom/kubelet/pods/u/volumes/a b",
+        "/run/headroom/containerd/x/rootfs",
+        "/var/lib/headroom/kubelet",
+    ]
