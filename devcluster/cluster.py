@@ -154,6 +154,8 @@ def up(
             )
         down(directory, progress=progress)
     specs = nodes.load(nodes_file)
+    if real_node:
+        realnode.preflight(directory, progress, build=build)
     bins = binaries.ensure(build=build, progress=progress)
     started = time.monotonic()
     state = ClusterState(directory)

@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -252,7 +253,7 @@ def delete_rules() -> None:
             continue
         chains: list[tuple[str, str]] = []
         for table, line in _rules(binary):
-            words = line.split()
+            words = shlex.split(line)
             if line.startswith(":"):
                 if FOREIGN_CHAINS.match(words[0][1:]):
                     chains.append((table, words[0][1:]))
@@ -262,8 +263,7 @@ def delete_rules() -> None:
             if RULE_COMMENT in line or (
                 FOREIGN_CHAINS.match(target) and not FOREIGN_CHAINS.match(chain)
             ):
-                # iptables-save quotes as a shell would; the rule's words need no quotes.
-                run(binary, "-t", table, "-D", *[w.strip('"') for w in words[1:]], check=False)
+                run(binary, "-t", table, "-D", *words[1:], check=False)
         for table, chain in chains:
             run(binary, "-t", table, "-F", chain, check=False)
         for table, chain in chains:
@@ -281,11 +281,14 @@ def remove_cgroups() -> None:
                 directory.rmdir()
 
 
-def remove_cni_results(network: str) -> None:
-    """libcni's cache of our network's results (containerd 1.6 keeps it in /var/lib/cni)."""
+def remove_cni_results(network: str, netns_root: Path) -> None:
+    """libcni's cache of results (containerd 1.6 keeps it in /var/lib/cni) for our
+    network, and containerd's loopback results for pods whose netns was under ours."""
     if CNI_RESULTS.is_dir():
-        for entry in CNI_RESULTS.glob(f"{network}-*"):
-            entry.unlink(missing_ok=True)
+        for entry in CNI_RESULTS.iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.startswith(f"{network}-") or str(netns_root) in entry.read_text():
+                    entry.unlink()
     for directory in (CNI_RESULTS, CNI_RESULTS.parent):
         with contextlib.suppress(OSError):
             directory.rmdir()

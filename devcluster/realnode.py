@@ -368,22 +368,39 @@ def _owner() -> dict[str, Any] | None:
     return document
 
 
-def claim(state: ClusterState, progress: Progress) -> None:
-    """Refuse when another live cluster owns the node; clear what a dead one left."""
+def _refuse_if_taken(directory: Path) -> None:
     owner = _owner()
-    if owner is not None and Path(owner["stateDir"]) != state.directory:
-        other = ClusterState.load(Path(owner["stateDir"]))
-        running = [
-            c.name
-            for c in (other.components.values() if other else [])
-            if c.name in ("containerd", "kubelet") and c.alive()
-        ]
-        if running:
-            raise RealNodeError(
-                f"a real node already runs on this machine for the cluster in {owner['stateDir']} "
-                f"({', '.join(running)}); stop it with `headroom cluster down --state-dir "
-                f"{owner['stateDir']}` (one real node per machine)"
-            )
+    if owner is None or Path(owner["stateDir"]) == directory:
+        return
+    other = ClusterState.load(Path(owner["stateDir"]))
+    running = [
+        c.name
+        for c in (other.components.values() if other else [])
+        if c.name in ("containerd", "kubelet") and c.alive()
+    ]
+    if running:
+        raise RealNodeError(
+            f"a real node already runs on this machine for the cluster in {owner['stateDir']} "
+            f"({', '.join(running)}); stop it with `headroom cluster down --state-dir "
+            f"{owner['stateDir']}` (one real node per machine)"
+        )
+
+
+def preflight(directory: Path, progress: Progress, *, build: bool = True) -> NodeBinaries:
+    """Before anything starts: this machine can run containers, no other live cluster
+    owns the node, and the node's binaries are built (building them if allowed)."""
+    reason = available()
+    if reason:
+        raise RealNodeError(f"cannot run the real node here: {reason}")
+    _refuse_if_taken(directory)
+    return ensure_node_binaries(progress, build=build)
+
+
+def claim(state: ClusterState, progress: Progress) -> None:
+    """Take the node for ``state``: refuse when another live cluster owns it, clear
+    what a dead one (or a crash) left, and record ourselves as the owner."""
+    _refuse_if_taken(state.directory)
+    owner = _owner()
     if owner is not None or ROOT.exists() or RUN.exists() or nodehost.link_exists(BRIDGE):
         progress("removing what an earlier real node left on this machine")
         teardown(owner)
@@ -401,11 +418,8 @@ def start(
 ) -> NodeBinaries:
     """Bring up containerd (with the cached images loaded) and kubelet, wait until the
     Node is Ready, then start ``extra`` (e.g. the device plugin) and wait for them."""
-    reason = available()
-    if reason:
-        raise RealNodeError(f"cannot run the real node here: {reason}")
-    built = ensure_node_binaries(progress, build=build)
     state = cluster.state
+    built = preflight(state.directory, progress, build=build)
     claim(state, progress)
     for directory in (KUBELET_ROOT, POD_LOGS, CNI_DATA, CONTAINERD_ROOT, CONTAINERD_STATE):
         directory.mkdir(parents=True, exist_ok=True)
@@ -509,7 +523,7 @@ def teardown(owner: dict[str, Any] | None = None) -> None:
     nodehost.delete_bridge(BRIDGE)
     nodehost.delete_rules()
     nodehost.remove_cgroups()
-    nodehost.remove_cni_results(NETWORK)
+    nodehost.remove_cni_results(NETWORK, RUN)
     nodehost.remove_log_links(POD_LOGS)
     if owner and owner.get("ipForward") in ("0", "1"):
         with contextlib.suppress(OSError):

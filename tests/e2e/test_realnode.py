@@ -23,7 +23,7 @@ from agent import cgroups
 from devcluster import binaries, nodehost, realnode
 from devcluster.cluster import Cluster, down, up
 from devcluster.kubectl import Kubectl, wait_until
-from devcluster.state import ClusterState
+from devcluster.state import ClusterState, free_port
 
 
 def _progress(message: str) -> None:
@@ -73,6 +73,8 @@ def pause_pod(node_cluster: Cluster) -> dict[str, Any]:
                             "name": "pause",
                             "image": realnode.PAUSE_IMAGE,
                             "imagePullPolicy": "Never",
+                            # A host port makes the portmap plugin add rules for down to remove.
+                            "ports": [{"containerPort": 8080, "hostPort": free_port()}],
                         }
                     ],
                 },
@@ -212,15 +214,16 @@ def test_a_pod_reaches_the_apiserver_through_the_kubernetes_service(
 
 
 def test_a_second_cluster_cannot_take_the_node(node_cluster: Cluster, tmp_path: Path) -> None:
-    other = ClusterState(tmp_path)
-
     with pytest.raises(realnode.RealNodeError, match="already runs on this machine"):
-        realnode.claim(other, _progress)
+        realnode.preflight(tmp_path, _progress, build=False)
+    with pytest.raises(realnode.RealNodeError, match="already runs on this machine"):
+        realnode.claim(ClusterState(tmp_path), _progress)
     assert nodehost.link_exists(realnode.BRIDGE)
 
 
 def test_down_leaves_nothing_behind(node_cluster: Cluster, pause_pod: dict[str, Any]) -> None:
     assert nodehost.pod_processes(), "the pause pod's processes should be in kubepods"
+    assert "CNI-HOSTPORT" in nodehost.run("iptables-save").stdout
 
     assert down(node_cluster.state.directory, progress=_progress)
 
@@ -234,5 +237,8 @@ def test_down_leaves_nothing_behind(node_cluster: Cluster, pause_pod: dict[str, 
     assert nodehost.RULE_COMMENT not in rules
     assert "CNI-" not in rules
     assert "KUBE-" not in rules
+    results = nodehost.CNI_RESULTS
+    cached = list(results.iterdir()) if results.is_dir() else []
+    assert [p.name for p in cached if str(realnode.RUN) in p.read_text()] == []
     assert not realnode.ROOT.exists()
     assert not realnode.RUN.exists()
