@@ -2,7 +2,10 @@
 #   docker build -t ghcr.io/headroom-dev/headroom:0.1.0 .
 # Runs as a non-root user and needs no writable root filesystem (Python writes
 # no bytecode at run time; the manifests mount an emptyDir at /tmp).
-FROM python:3.11-slim AS build
+# BASE: any Python 3.11 image with `python` on PATH; `make image` passes one
+# built here from Debian packages, as no registry is reachable (devcluster/images).
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY requirements/lock.txt requirements/lock.txt
@@ -21,7 +24,7 @@ RUN python -m venv /opt/headroom \
  && /opt/headroom/bin/pip install --constraint requirements/lock.txt . \
  && /opt/headroom/bin/python -m compileall -q /opt/headroom
 
-FROM python:3.11-slim
+FROM ${BASE}
 COPY --from=build /opt/headroom /opt/headroom
 ENV PATH=/opt/headroom/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
