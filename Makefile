@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements/lock.txt | cksum | cut -d' ' -f1)
 CONTROLPLANE := tests/e2e/controlplane/build.sh
 
-.PHONY: test demo venv lint unit e2e controlplane lock podresources deviceplugin clean
+.PHONY: test demo venv lint unit e2e controlplane image lock podresources deviceplugin clean
 
 test: lint controlplane ## all tests: lint, types, unit, contract, e2e against the real control plane
 	$(BIN)/pytest
@@ -37,6 +37,9 @@ e2e: venv controlplane
 
 controlplane: ## build kube-apiserver & co. from Go modules into ~/.cache/headroom (once)
 	$(CONTROLPLANE)
+
+image: venv controlplane ## the Headroom and kube-scheduler images with buildah (no Docker), OCI archives in ~/.cache/headroom/images
+	$(BIN)/python -m devcluster.images --check
 
 lock: ## re-resolve requirements/lock.txt from pyproject.toml
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
