@@ -132,7 +132,11 @@ class SimulatedProbe:
         loads: dict[str, list[_Load]] = {}
         pods = sorted(self._pods(), key=lambda pod: (_started(pod) or now, _uid(pod)))
         present = {_uid(pod) for pod in pods}
+        # Devices and first sightings are sticky only while the pod exists: a MIG device
+        # (or a GPU) whose pod is gone is free for the next one, as kubelet frees it.
         self._gpu_of = {uid: gpu for uid, gpu in self._gpu_of.items() if uid in present}
+        self._mig_of = {uid: mig for uid, mig in self._mig_of.items() if uid in present}
+        self._first_seen = {uid: t for uid, t in self._first_seen.items() if uid in present}
         table = self._host_processes() if self._host_processes is not None else None
         devices_of = _devices_of(self._allocations())
         for pod in pods:

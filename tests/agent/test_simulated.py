@@ -153,6 +153,20 @@ def test_mig_node_gets_mig_devices_and_mig_pods_get_a_device_each() -> None:
     assert gpu.used_bytes == 4 * GIB + 19968 * MIB
 
 
+def test_a_deleted_mig_pods_device_goes_to_the_next_pod() -> None:
+    node = a100_node(
+        **{"nvidia.com/mig-3g.20gb.memory": "19968", names.LABEL_MIG_STRATEGY: "mixed"}
+    )
+    node["status"]["capacity"] = {"nvidia.com/mig-3g.20gb": "2"}
+    mig = "nvidia.com/mig-3g.20gb"
+    pods = [pod("a", "uid-a", resource=mig), pod("b", "uid-b", resource=mig)]
+    probe = SimulatedProbe("gpu-node-1", pods=lambda: pods, node=lambda: node)
+    probe.snapshot()
+    pods[:] = [pod("b", "uid-b", resource=mig), pod("c", "uid-c", resource=mig)]
+    (gpu,) = probe.snapshot().gpus
+    assert sorted(uid for d in gpu.mig_devices for uid in d.allocated) == ["uid-b", "uid-c"]
+
+
 def test_shared_pods_spread_deterministically_over_gpus() -> None:
     pods = [
         pod(f"p{i}", f"uid-{i}", annotations=usage(pattern="steady", base="1Gi")) for i in range(12)
