@@ -43,7 +43,9 @@ class HostError(RuntimeError):
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    # ip and iptables live in /usr/sbin, which a non-login PATH may lack.
+    env = {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"}
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60, env=env)
     if check and result.returncode != 0:
         raise HostError(
             f"{' '.join(argv)} failed ({result.returncode}): "
