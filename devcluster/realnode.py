@@ -163,9 +163,15 @@ def ensure_node_binaries(progress: Progress, *, build: bool = True) -> NodeBinar
 
 
 def cached_archives() -> list[Path]:
-    """Every OCI archive in the image cache (the pause image and what else was built)."""
+    """The newest OCI archive of each image in the cache (``<kind>-<key>.oci.tar``, as
+    devcluster.images names them; older builds of a kind are kept there too)."""
     directory = images_dir()
-    return sorted(directory.glob("*.tar")) if directory.is_dir() else []
+    newest: dict[str, Path] = {}
+    for archive in directory.glob("*.oci.tar") if directory.is_dir() else []:
+        kind = archive.name.rsplit("-", 1)[0]
+        if kind not in newest or archive.stat().st_mtime > newest[kind].stat().st_mtime:
+            newest[kind] = archive
+    return sorted(newest.values())
 
 
 def ctr(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:

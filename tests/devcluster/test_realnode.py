@@ -1,5 +1,6 @@
 """What devcluster writes for the real node, checked without running it."""
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -99,4 +100,25 @@ def test_mount_points_are_found_deepest_first(tmp_path: Path) -> None:
         "/var/lib/headroom/kubelet/pods/u/volumes/a b",
         "/run/headroom/containerd/x/rootfs",
         "/var/lib/headroom/kubelet",
+    ]
+
+
+def test_cached_archives_are_the_newest_of_each_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(realnode, "images_dir", lambda: tmp_path)
+    for name, mtime in [
+        ("headroom-aaaa.oci.tar", 100),
+        ("headroom-bbbb.oci.tar", 200),
+        ("kube-scheduler-cccc.oci.tar", 100),
+        ("pause-3.10.oci.tar", 50),
+        ("build.log", 300),
+    ]:
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (mtime, mtime))
+
+    assert [p.name for p in realnode.cached_archives()] == [
+        "headroom-bbbb.oci.tar",
+        "kube-scheduler-cccc.oci.tar",
+        "pause-3.10.oci.tar",
     ]
