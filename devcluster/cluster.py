@@ -6,6 +6,11 @@ Ready, the controllers and scheduler hold their leases and the ``default``
 ServiceAccount exists. With ``headroom=True`` (the default) it then installs
 Headroom (:mod:`devcluster.components`). Every step is shown through
 ``progress``; a process that dies is reported with the tail of its log.
+
+With ``real_node=True`` it also starts the real node (:mod:`devcluster.realnode`:
+kubelet, containerd, runc) with the test device plugin (:mod:`devcluster.deviceplugin`),
+and Headroom is installed in the cluster instead, from ``manifests/overlays/realnode``
+with the images built here (:mod:`devcluster.images`, :mod:`devcluster.incluster`).
 """
 
 import functools
@@ -16,7 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devcluster import binaries, components, controlplane, nodes, realnode
+from devcluster import (
+    binaries,
+    components,
+    controlplane,
+    deviceplugin,
+    images,
+    incluster,
+    nodes,
+    realnode,
+)
 from devcluster.kubectl import Kubectl, wait_until
 from devcluster.process import Component, ProcessError, Progress
 from devcluster.state import ClusterState, default_state_dir
@@ -178,8 +192,20 @@ def up(
         _create_nodes(cluster, specs, progress)
         _wait_control_plane(cluster, progress)
         if real_node:
-            realnode.start(cluster, progress, build=build)
-        if headroom:
+            archives = images.ensure(progress, build_binaries=build) if headroom else {}
+            realnode.start(cluster, progress, build=build, extra=[_device_plugin(state)])
+            stale = set(archives.values()) - set(realnode.cached_archives())
+            if stale:
+                realnode.load_images(sorted(stale), progress)
+        if headroom and real_node:
+            # Headroom as a platform team runs it: manifests/base on the real node;
+            # the KWOK GPU nodes, where nothing runs, keep a simulated agent each.
+            incluster.install(cluster, realnode.NODE_NAME, progress)
+            cluster._launch(
+                [components.agent_component(cluster, s.name) for s in specs if s.has_gpu()],
+                progress,
+            )
+        elif headroom:
             components.install(cluster, specs, progress)
     except BaseException:
         if realnode.owned_by(state):
@@ -194,6 +220,22 @@ def up(
         raise
     progress(f"up in {time.monotonic() - started:.0f}s; kubeconfig {cluster.kubeconfig}")
     return cluster
+
+
+def _device_plugin(state: ClusterState) -> Component:
+    """The test device plugin (standing in for NVIDIA's) advertising the real node's
+    GPUs as its GFD labels describe them: ``nvidia.com/gpu.count`` GPUs of
+    ``nvidia.com/gpu.memory`` MiB, ``nvidia.com/gpu.replicas`` time-slicing replicas each."""
+    labels = realnode.node_labels()
+    return deviceplugin.component(
+        state,
+        kubelet_dir=realnode.DEVICE_PLUGINS_ROOT,
+        node=realnode.NODE_NAME,
+        gpus=int(labels["nvidia.com/gpu.count"]),
+        replicas=int(labels["nvidia.com/gpu.replicas"]),
+        product=labels["nvidia.com/gpu.product"],
+        memory_mib=int(labels["nvidia.com/gpu.memory"]),
+    )
 
 
 def _create_nodes(cluster: Cluster, specs: list[nodes.NodeSpec], progress: Progress) -> None:

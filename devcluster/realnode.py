@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
@@ -46,7 +47,11 @@ SEED_NODE = "a100-shared-0"
 ROOT = Path("/var/lib/headroom")
 RUN = Path("/run/headroom")
 KUBELET_ROOT = ROOT / "kubelet"
-DEVICE_PLUGIN_SOCKET = KUBELET_ROOT / "device-plugins" / "kubelet.sock"
+DEVICE_PLUGINS_ROOT = Path("/var/lib/kubelet")
+"""Not under :data:`ROOT`: kubelet serves device-plugin registration at a fixed path,
+whatever its ``--root-dir`` (k8s.io/kubelet deviceplugin/v1beta1 ``DevicePluginPath``)."""
+DEVICE_PLUGINS = DEVICE_PLUGINS_ROOT / "device-plugins"
+DEVICE_PLUGIN_SOCKET = DEVICE_PLUGINS / "kubelet.sock"
 POD_RESOURCES_SOCKET = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
 POD_LOGS = ROOT / "pod-logs"
 CNI_DATA = ROOT / "cni"
@@ -109,7 +114,23 @@ def available() -> str | None:
         )
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlay filesystem (containerd's snapshotter)"
+    if _owner() is None and _listening(DEVICE_PLUGIN_SOCKET):
+        return (
+            f"{DEVICE_PLUGIN_SOCKET} exists: another kubelet runs on this machine, and "
+            "device plugins register at that fixed path"
+        )
     return None
+
+
+def _listening(path: Path) -> bool:
+    """Something accepts connections on the unix socket ``path`` (a stale file does not)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -520,8 +541,8 @@ def teardown(owner: dict[str, Any] | None = None) -> None:
         if not strays and not shims:
             break
         nodehost.kill(strays | set(shims))
-        for socket in shims.values():
-            socket.unlink(missing_ok=True)
+        for shim_socket in shims.values():
+            shim_socket.unlink(missing_ok=True)
     nodehost.delete_netns(nodehost.pod_netns(POD_SUBNET))
     left = nodehost.unmount_all([ROOT, RUN])
     if left:
@@ -536,3 +557,18 @@ def teardown(owner: dict[str, Any] | None = None) -> None:
             nodehost.sysctl("net.ipv4.ip_forward", owner["ipForward"])
     for directory in (ROOT, RUN):
         shutil.rmtree(directory, ignore_errors=True)
+    _remove_device_plugin_files()
+
+
+DEVICE_PLUGIN_FILES = ("kubelet.sock", "kubelet_internal_checkpoint", "headroom-gpu.sock")
+"""What kubelet and the test device plugin put in :data:`DEVICE_PLUGINS`."""
+
+
+def _remove_device_plugin_files() -> None:
+    """The files ours put in kubelet's fixed device-plugin directory; the directories
+    too when nothing else is in them (a machine's own kubelet would keep its own)."""
+    for name in DEVICE_PLUGIN_FILES:
+        (DEVICE_PLUGINS / name).unlink(missing_ok=True)
+    for directory in (DEVICE_PLUGINS, DEVICE_PLUGINS_ROOT):
+        with contextlib.suppress(OSError):
+            directory.rmdir()

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from agent import cgroups
-from devcluster import binaries, nodehost, realnode
+from agent.gpuspec import simulated_gpu_uuid
+from devcluster import binaries, images, incluster, nodehost, realnode
 from devcluster.cluster import Cluster, down, up
 from devcluster.kubectl import Kubectl, wait_until
 from devcluster.state import ClusterState, free_port
@@ -221,6 +222,211 @@ def test_a_second_cluster_cannot_take_the_node(node_cluster: Cluster, tmp_path: 
     assert nodehost.link_exists(realnode.BRIDGE)
 
 
+# --- Headroom in the cluster: manifests/overlays/realnode on the real node ---------
+
+
+@pytest.fixture(scope="module")
+def in_cluster(node_cluster: Cluster) -> Cluster:
+    """manifests/base (through the realnode overlay) installed server-side and serving
+    from gpu-real-0: the certificates Job, the webhook behind its Service, the
+    scheduler Deployment with the extender sidecar, the agent DaemonSet."""
+    archives = images.ensure(_progress)
+    realnode.load_images(archives.values(), _progress)
+    incluster.install(node_cluster, realnode.NODE_NAME, _progress)
+    return node_cluster
+
+
+def _headroom_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    pods = cluster.kubectl_json("get", "pods", "-n", incluster.NAMESPACE)["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running"]
+
+
+def test_every_component_runs_from_the_image_as_written(in_cluster: Cluster) -> None:
+    """The webhook, kube-scheduler + extender and agent pods run on the real node from
+    the local images, with base's securityContext (non-root uid 10001 but the agent,
+    read-only root filesystem) in force, and every container ready (its probes pass)."""
+    pods = _headroom_pods(in_cluster)
+    by_component = {p["metadata"]["labels"].get("app.kubernetes.io/name"): p for p in pods}
+    assert {"headroom-webhook", "headroom-scheduler", "headroom-agent"} <= set(by_component)
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+        for status in pod["status"]["containerStatuses"]:
+            assert status["ready"], (pod["metadata"]["name"], status)
+            assert status["imageID"], status  # kubelet ran it from containerd's store
+        for container in pod["spec"]["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Not just declared: kubelet runs the webhook's process as uid 10001 (its /proc
+    # status says so), and its root filesystem is mounted read-only.
+    webhook = by_component["headroom-webhook"]
+    pid = _container_pid(webhook, "webhook")
+    uids = next(
+        line.split()[1:]
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("Uid:")
+    )
+    assert set(uids) == {"10001"}
+    root_options = next(
+        line.split()[5]
+        for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        if line.split()[4] == "/"
+    )
+    assert "ro" in root_options.split(","), root_options
+    # The certificates Job ran to completion from the same image.
+    job = in_cluster.kubectl_json(
+        "get", "job", incluster.CERTIFICATES_JOB, "-n", incluster.NAMESPACE
+    )
+    assert job["status"].get("succeeded") == 1
+
+
+def _container_pid(pod: dict[str, Any], container: str) -> int:
+    """The host pid of ``container``'s first process, found through its cgroup."""
+    cid = next(
+        s["containerID"].split("://", 1)[1]
+        for s in pod["status"]["containerStatuses"]
+        if s["name"] == container
+    )
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if cid in text:
+            return int(entry.name)
+    raise AssertionError(f"no process in {container}'s cgroup ({cid[:12]})")
+
+
+def _gpu_pod(name: str, memory: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"headroom.dev/gpu-memory": memory}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            # The KWOK nodes share GPUs by time-slicing too; this pod is for the real one.
+            "nodeSelector": {"headroom.dev/real-node": "true"},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": realnode.PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                }
+            ],
+        },
+    }
+
+
+def test_gpu_pod_admitted_scheduled_allocated_and_located(in_cluster: Cluster) -> None:
+    """One GPU pod through every real hop: the webhook Deployment (via its Service)
+    rewrites it, the in-cluster headroom-scheduler binds it through the extender,
+    kubelet allocates a replica from the device plugin, PodResources tells the agent,
+    and the node's report shows its memory on that GPU, found from its real pid."""
+    kubectl = in_cluster.kubectl
+    namespace = "tenant-real"
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, "headroom.dev/policy=gpu-shared")
+    try:
+        kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(_gpu_pod("train", "8Gi")))
+        pod = in_cluster.kubectl_json("get", "pod", "train", "-n", namespace)
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits.get("nvidia.com/gpu.shared") == "1"
+        assert "nvidia.com/gpu" not in limits
+        assert pod["spec"]["schedulerName"] == "headroom-scheduler"
+
+        def running() -> bool:
+            current = in_cluster.kubectl_json("get", "pod", "train", "-n", namespace)
+            return bool(current["status"].get("phase") == "Running")
+
+        wait_until("the GPU pod to run on the real node", running, timeout=90)
+        pod = in_cluster.kubectl_json("get", "pod", "train", "-n", namespace)
+        assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+        # Bound by the in-cluster scheduler, whose events carry its profile's name.
+        events = in_cluster.kubectl_json(
+            "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=train"
+        )["items"]
+        scheduled = [e for e in events if e["reason"] == "Scheduled"]
+        reporters = {
+            e.get("reportingComponent") or e.get("source", {}).get("component") for e in scheduled
+        }
+        assert reporters == {"headroom-scheduler"}, scheduled
+        uid = pod["metadata"]["uid"]
+        gpu = simulated_gpu_uuid(realnode.NODE_NAME, 0)
+
+        def located() -> dict[str, Any] | None:
+            report = in_cluster.kubectl_json("get", "gpunodereport", realnode.NODE_NAME)
+            for usage in report["status"].get("gpus", []):
+                for entry in usage.get("pods", []):
+                    if entry["uid"] == uid and usage["uuid"] == gpu and entry.get("used_bytes"):
+                        return dict(entry)
+            return None
+
+        wait_until(
+            "the report to show the pod's memory on its GPU",
+            lambda: located() is not None,
+            timeout=60,
+        )
+        entry = located()
+        assert entry is not None
+        assert entry["allocated"] is True  # kubelet's PodResources answer
+        assert entry["containers"] == ["main"]  # pid -> containerd's cgroup -> container
+        assert entry["used_bytes"] == 8 * 2**30
+    finally:
+        kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_kubelet_refuses_a_pod_beyond_capacity_even_with_nodename(in_cluster: Cluster) -> None:
+    """A preset nodeName skips every scheduler (and the exempt namespace skips
+    Headroom's admission): kubelet's own admission still counts the device plugin's
+    replicas and fails the pod that does not fit (KWOK accepted 7 on a node of 4)."""
+    kubectl = in_cluster.kubectl
+    namespace = "exempt-real"
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, "headroom.dev/exempt=true")
+    try:
+        node = in_cluster.kubectl_json("get", "node", realnode.NODE_NAME)
+        capacity = int(node["status"]["allocatable"]["nvidia.com/gpu.shared"])
+        assert capacity == 4
+        held = _replicas_held(in_cluster)
+        free = capacity - held
+        for n in range(free + 1):
+            pod = _gpu_pod(f"direct-{n}", "1Gi")
+            pod["metadata"]["annotations"] = {}
+            spec = pod["spec"]
+            spec["nodeName"] = realnode.NODE_NAME
+            spec["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu.shared": 1}}
+            kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+        def settled() -> bool:
+            pods = in_cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+            phases = [p["status"].get("phase") for p in pods]
+            return phases.count("Running") + phases.count("Failed") == free + 1
+
+        wait_until("kubelet to admit or refuse every pod", settled, timeout=90)
+        pods = in_cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+        failed = [p for p in pods if p["status"]["phase"] == "Failed"]
+        assert len(failed) == 1, [(p["metadata"]["name"], p["status"]["phase"]) for p in pods]
+        assert failed[0]["status"]["reason"] == "UnexpectedAdmissionError" or (
+            "nvidia.com/gpu.shared" in failed[0]["status"].get("message", "")
+        ), failed[0]["status"]
+        assert _replicas_held(in_cluster) == capacity
+    finally:
+        kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _replicas_held(cluster: Cluster) -> int:
+    pods = cluster.kubectl_json(
+        "get", "pods", "-A", "--field-selector", f"spec.nodeName={realnode.NODE_NAME}"
+    )["items"]
+    return sum(
+        int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu.shared", 0))
+        for p in pods
+        if p["status"].get("phase") in ("Pending", "Running")
+        for c in p["spec"]["containers"]
+    )
+
+
 def test_down_leaves_nothing_behind(node_cluster: Cluster, pause_pod: dict[str, Any]) -> None:
     assert nodehost.pod_processes(), "the pause pod's processes should be in kubepods"
     assert "CNI-HOSTPORT" in nodehost.run("iptables-save").stdout
@@ -242,3 +448,5 @@ def test_down_leaves_nothing_behind(node_cluster: Cluster, pause_pod: dict[str, 
     assert [p.name for p in cached if str(realnode.RUN) in p.read_text()] == []
     assert not realnode.ROOT.exists()
     assert not realnode.RUN.exists()
+    assert not realnode.DEVICE_PLUGIN_SOCKET.exists()
+    assert not (realnode.DEVICE_PLUGINS / "headroom-gpu.sock").exists()
