@@ -6,10 +6,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements/lock.txt | cksum | cut -d' ' -f1)
 CONTROLPLANE := tests/e2e/controlplane/build.sh
+NODE := tests/e2e/controlplane/build-node.sh
 
-.PHONY: test demo venv lint unit e2e controlplane image lock podresources deviceplugin clean
+.PHONY: test demo venv lint unit e2e controlplane node image lock podresources deviceplugin clean
 
-test: lint controlplane ## all tests: lint, types, unit, contract, e2e against the real control plane
+test: lint controlplane node ## all tests: lint, types, unit, contract, e2e against the real control plane and a real node
 	$(BIN)/pytest
 
 demo: venv controlplane ## the seed 001 story, before and after Headroom, on a local control plane
@@ -32,11 +33,14 @@ lint: venv ## ruff, ruff format, mypy --strict, import-linter
 unit: venv ## everything but e2e (no control plane needed)
 	$(BIN)/pytest -m "not e2e"
 
-e2e: venv controlplane
+e2e: venv controlplane node
 	$(BIN)/pytest -m e2e
 
 controlplane: ## build kube-apiserver & co. from Go modules into ~/.cache/headroom (once)
 	$(CONTROLPLANE)
+
+node: ## kubelet, CNI plugins and the pause image for the real node (once); Debian's containerd and runc if missing
+	$(NODE)
 
 image: venv controlplane ## the Headroom and kube-scheduler images with buildah (no Docker), OCI archives in ~/.cache/headroom/images
 	$(BIN)/python -m devcluster.images --check

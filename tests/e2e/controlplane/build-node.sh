@@ -71,8 +71,10 @@ ensure_packages() {
   [[ -e /usr/lib/x86_64-linux-gnu/libc.a || -e /usr/lib/libc.a ]] || wanted+=(libc6-dev)
   ((${#wanted[@]})) || return 0
   if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
-    log "missing ${wanted[*]}; install them (Debian: apt-get install ${wanted[*]})"
-    exit 1
+    # Not fatal: `make test` goes on, and the real node's tests skip, saying why.
+    log "missing ${wanted[*]}; install them (Debian: apt-get install ${wanted[*]});"
+    log "until then the real node cannot run and its tests are skipped"
+    exit 0
   fi
   log "installing ${wanted[*]} with apt-get ..."
   local start=$SECONDS
