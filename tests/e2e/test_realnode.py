@@ -358,7 +358,7 @@ def test_gpu_pod_admitted_scheduled_allocated_and_located(in_cluster: Cluster) -
             report = in_cluster.kubectl_json("get", "gpunodereport", realnode.NODE_NAME)
             for usage in report["status"].get("gpus", []):
                 for entry in usage.get("pods", []):
-                    if entry["uid"] == uid and usage["uuid"] == gpu and entry.get("used_bytes"):
+                    if entry["uid"] == uid and usage["uuid"] == gpu and entry.get("usedBytes"):
                         return dict(entry)
             return None
 
@@ -371,7 +371,7 @@ def test_gpu_pod_admitted_scheduled_allocated_and_located(in_cluster: Cluster) -
         assert entry is not None
         assert entry["allocated"] is True  # kubelet's PodResources answer
         assert entry["containers"] == ["main"]  # pid -> containerd's cgroup -> container
-        assert entry["used_bytes"] == 8 * 2**30
+        assert entry["usedBytes"] == 8 * 2**30
     finally:
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
