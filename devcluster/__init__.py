@@ -29,7 +29,10 @@ The API (everything else is internal)::
 path to a YAML file in the same format. ``state_dir`` defaults to
 ``$HEADROOM_STATE`` or ``~/.local/state/headroom/cluster``. ``up`` takes a
 ``progress`` callable (default: print to stderr) and ``headroom=False`` for a
-bare control plane (no Headroom components). Errors are
+bare control plane (no Headroom components); ``real_node=True`` (root) adds the real
+node ``gpu-real-0`` (:mod:`devcluster.realnode`: kubelet, containerd, runc, the test
+device plugin) and then installs Headroom in the cluster from
+``manifests/overlays/realnode`` (:mod:`devcluster.incluster`). Errors are
 :class:`devcluster.process.ProcessError` (a component died: its name and the
 tail of its log) and :class:`devcluster.binaries.BinariesMissing`.
 """
