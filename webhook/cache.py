@@ -13,19 +13,17 @@ directly, with no apiserver.
 """
 
 import asyncio
-import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from kubernetes import client
+from urllib.parse import quote
 
 from headroom import names
 from headroom.mig import MigOffer
 from headroom.policy import GPUSharingPolicy, PolicyError, parse_policy
-from kube.informer import Informer, identity
+from kube.informer import Informer, Resource, identity
+from kube.rest import Rest
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +55,7 @@ class ClusterCache:
         self._mig_nodes: dict[str, Object] = {}
         self._offer: MigOffer | None = None
         self._informers: list[Informer] = []
-        self._core: Any = None
+        self._rest: Rest | None = None
 
     # --- what admission reads ---------------------------------------------
 
@@ -99,7 +97,7 @@ class ClusterCache:
         labels = self.namespace_labels(name)
         if labels is not None:
             return labels
-        if self._core is None:
+        if self._rest is None:
             raise LookupError(f"namespace {name} is not known to the headroom webhook yet")
         missed = self._misses.get(name)
         if missed is not None and self._clock() - missed < NAMESPACE_MISS_SECONDS:
@@ -112,14 +110,13 @@ class ClusterCache:
         return await asyncio.shield(lookup)
 
     async def _read_namespace(self, name: str) -> Mapping[str, str]:
+        assert self._rest is not None
         try:
-            response = await asyncio.to_thread(
-                self._core.read_namespace,
-                name,
-                _preload_content=False,
-                _request_timeout=NAMESPACE_READ_TIMEOUT,
-            )
-            namespace = json.loads(response.data)
+            path = f"/api/v1/namespaces/{quote(name, safe='')}"
+            answer = await self._rest.request("GET", path, time_limit=NAMESPACE_READ_TIMEOUT)
+            if answer.status != 200:
+                raise LookupError(f"HTTP {answer.status}: {answer.message()}")
+            namespace = answer.json()
         except Exception as err:
             log.warning("namespace %s: cannot read its labels: %s", name, err)
             if name not in self._labels:
@@ -181,22 +178,22 @@ class ClusterCache:
 
     # --- wiring -----------------------------------------------------------
 
-    def start(self, api: client.ApiClient) -> None:
-        """Start the watches (on the running loop); ``not_synced`` reports progress."""
-        core = client.CoreV1Api(api)
-        custom = client.CustomObjectsApi(api)
-        self._core = core
+    def start(self, rest: Rest) -> None:
+        """Start the watches (on the running loop); ``not_synced`` reports progress.
+
+        ``rest`` also reads the namespaces newer than the watch.
+        """
+        self._rest = rest
+        policies = f"/apis/{names.GROUP}/{names.VERSION}/{names.POLICY_PLURAL}"
         self._informers = [
             Informer(
-                core.list_namespace, name="namespaces", handler=self.on_namespace, keep=identity
+                Resource(rest, "/api/v1/namespaces"),
+                name="namespaces",
+                handler=self.on_namespace,
+                keep=identity,
             ),
             Informer(
-                functools.partial(
-                    custom.list_cluster_custom_object,
-                    names.GROUP,
-                    names.VERSION,
-                    names.POLICY_PLURAL,
-                ),
+                Resource(rest, policies),
                 name="gpusharingpolicies",
                 handler=self.on_policy,
                 keep=identity,
@@ -205,10 +202,9 @@ class ClusterCache:
         if self.watch_nodes:
             self._informers.append(
                 Informer(
-                    core.list_node,
+                    Resource(rest, "/api/v1/nodes", labelSelector=MIG_NODE_SELECTOR),
                     name="nodes",
                     handler=self.on_node,
-                    label_selector=MIG_NODE_SELECTOR,
                     keep=identity,
                 )
             )

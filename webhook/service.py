@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 from cryptography import x509
 
-from kube.config import api_client
+from kube.config import credentials
 from kube.rest import Rest
 from webhook.admission import Admission
 from webhook.cache import ClusterCache
@@ -48,6 +48,8 @@ class Settings:
 
 EVICTION_READ_TIMEOUT = 2.0
 """One GET of the evicted pod, well inside the configuration's timeoutSeconds (5)."""
+API_CONNECTIONS = 16
+"""To the apiserver: three held by the watches, the rest for namespace and pod reads."""
 
 
 def reviewer(
@@ -98,12 +100,26 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
     )
     metrics.certificate_expiry.set(tls.certificate.not_valid_after_utc.timestamp())
     cache = ClusterCache(watch_nodes=settings.watch_nodes)
-    api = api_client(settings.kubeconfig)
-    cache.start(api)
-    rest = Rest(api.configuration, timeout=EVICTION_READ_TIMEOUT, connections=8)
-    metrics.invalid_policies.set_function(lambda: len(cache.invalid_policies))
+    rest = Rest(
+        credentials(settings.kubeconfig), timeout=EVICTION_READ_TIMEOUT, connections=API_CONNECTIONS
+    )
+    try:
+        cache.start(rest)
+        await _serve(settings, stopping or asyncio.Event(), metrics, tls, cache, rest)
+    finally:
+        cache.stop()
+        await rest.close()
 
-    stopping = stopping or asyncio.Event()
+
+async def _serve(
+    settings: Settings,
+    stopping: asyncio.Event,
+    metrics: WebhookMetrics,
+    tls: ReloadingContext,
+    cache: ClusterCache,
+    rest: Rest,
+) -> None:
+    metrics.invalid_policies.set_function(lambda: len(cache.invalid_policies))
     off_loop = OffLoop()
     app = create_app(
         reviewer(cache, Admission(cache), off_loop),
@@ -127,7 +143,12 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
         limits=settings.limits,
         registry=metrics.registry,
     )
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        off_loop.close()
+        raise
     watcher = asyncio.create_task(tls.watch(settings.cert_check_seconds))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,4 +167,3 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> No
         cache.stop()
         await runner.cleanup()
         off_loop.close()
-        await rest.close()

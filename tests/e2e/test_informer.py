@@ -1,4 +1,6 @@
-"""kube.informer against the real apiserver: list, watch, resumed windows, failed watches.
+"""kube.informer against the real apiserver: list, watch, resumed windows, failed watches,
+each over kube.rest (the webhook's) and over the official client's list functions (the
+extender's and the agent's).
 
 A real ``410 Gone`` needs etcd to have compacted past the watched version,
 which a young cluster has not done (it replays from any old version instead),
@@ -8,15 +10,17 @@ so the failure path is driven by a version the apiserver refuses outright; a
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from devcluster.cluster import Cluster
 from kube import informer
-from kube.config import api_client
-from kube.informer import Informer
+from kube.config import api_client, credentials
+from kube.informer import Informer, Resource
+from kube.rest import Rest
 from tests.e2e.conftest import NamespaceFactory
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +38,20 @@ def ns(namespace: NamespaceFactory) -> str:
     return namespace()
 
 
+@pytest.fixture(params=["rest", "client"])
+async def configmaps(
+    request: pytest.FixtureRequest, cluster: Cluster, core: client.CoreV1Api, ns: str
+) -> AsyncIterator[Any]:
+    """What an Informer lists and watches: a kube.informer.Resource, or a client's list function."""
+    if request.param == "client":
+        yield functools.partial(core.list_namespaced_config_map, ns)
+        return
+    rest = Rest(credentials(str(cluster.kubeconfig)), timeout=10.0)
+    yield Resource(rest, f"/api/v1/namespaces/{ns}/configmaps")
+    await asyncio.sleep(0)  # let a stopped informer's task end before its client closes
+    await rest.close()
+
+
 async def until(what: str, condition: Callable[[], bool], within: float = 20.0) -> None:
     for _ in range(int(within / 0.05)):
         if condition():
@@ -46,11 +64,13 @@ def configmap(name: str, value: str) -> client.V1ConfigMap:
     return client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={"v": value})
 
 
-async def test_lists_then_follows_adds_changes_and_deletes(core: client.CoreV1Api, ns: str) -> None:
+async def test_lists_then_follows_adds_changes_and_deletes(
+    core: client.CoreV1Api, ns: str, configmaps: Any
+) -> None:
     core.create_namespaced_config_map(ns, configmap("before", "1"))
     seen: list[tuple[str, str]] = []
     cache = Informer(
-        functools.partial(core.list_namespaced_config_map, ns),
+        configmaps,
         name="configmaps",
         handler=lambda kind, obj: seen.append((kind, obj["metadata"]["name"])),
     )
@@ -72,10 +92,10 @@ async def test_lists_then_follows_adds_changes_and_deletes(core: client.CoreV1Ap
 
 
 async def test_a_closed_watch_window_resumes_without_a_relist(
-    core: client.CoreV1Api, ns: str, monkeypatch: pytest.MonkeyPatch
+    core: client.CoreV1Api, ns: str, configmaps: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(informer, "WATCH_WINDOW_SECONDS", 1)
-    cache = Informer(functools.partial(core.list_namespaced_config_map, ns), name="cm")
+    cache = Informer(configmaps, name="cm")
     cache.start()
     try:
         await asyncio.wait_for(cache.synced.wait(), 20)
@@ -88,16 +108,16 @@ async def test_a_closed_watch_window_resumes_without_a_relist(
 
 
 async def test_a_refused_watch_relists_and_carries_on(
-    core: client.CoreV1Api, ns: str, monkeypatch: pytest.MonkeyPatch
+    core: client.CoreV1Api, ns: str, configmaps: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(informer, "BACKOFF_MAX_SECONDS", 0.2)
-    cache = Informer(functools.partial(core.list_namespaced_config_map, ns), name="cm")
+    cache = Informer(configmaps, name="cm")
     real_relist = cache._relist
     versions = iter(["not-a-version"])  # the first watch is refused by the apiserver
 
-    def relist_then_expire() -> str:
-        real_relist()
-        return next(versions, None) or real_relist()
+    async def relist_then_expire() -> str:
+        await real_relist()
+        return next(versions, None) or await real_relist()
 
     monkeypatch.setattr(cache, "_relist", relist_then_expire)
     cache.start()

@@ -1,12 +1,11 @@
 """The informer's cache on plain data: a recreated object is a delete plus an add; blindness."""
 
-import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
 
 from extender.state import ClusterState
-from kube.informer import Informer, identity
+from kube.informer import FIRST_PAGE, PAGE_BYTES, PAGE_SIZE, Informer, identity, next_limit
 from tests.extender.objects import gpu_node, gpu_pod, uid_of
 
 
@@ -57,12 +56,20 @@ def test_an_identity_informer_keeps_stubs_and_a_relist_still_frees_a_gone_gpu_po
     informer = Informer(lambda **_: None, name="pods", handler=state.on_pod, keep=identity)
     bound = gpu_pod("p", node="gpu-a", declared="10Gi", phase="Running")
     bound["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    replayed: list[dict[str, Any]] = []
+
+    def handler(kind: str, obj: dict[str, Any]) -> None:
+        replayed.append(obj)
+        state.on_pod(kind, obj)
+
+    informer._handler = handler
     informer._replace({"research/p": bound})
-    assert informer.items["research/p"] == {
-        "metadata": {"name": "p", "namespace": "research", "uid": uid_of(bound)}
-    }
+    assert informer.items == {}  # not even a stub: only the key's UID
+    assert informer.uids == {"research/p": uid_of(bound)}
     assert uid_of(bound) in state.pods
     informer._replace({})
+    stub = {"name": "p", "namespace": "research", "uid": uid_of(bound)}
+    assert replayed[-1] == {"metadata": stub}
     assert state.pods == {}
     account = state.account("gpu-a")
     assert account is not None
@@ -84,13 +91,20 @@ async def test_a_relist_reads_pages_and_deletes_only_what_no_page_showed() -> No
     informer = Informer(
         list_func, name="pods", handler=lambda k, o: events.append((k, o["metadata"]["uid"]))
     )
-    informer._loop = asyncio.get_running_loop()
     informer._apply("ADDED", pod("gone", "ugone"))
-    version = await asyncio.to_thread(informer._relist)
-    await asyncio.sleep(0.01)  # the pages and the end of the list, posted to this loop
+    version = await informer._relist()
     assert version == "42"
     assert [a.get("_continue") for a in asked] == [None, "p2"]
-    assert all(a["limit"] == 500 for a in asked)
+    assert [a["limit"] for a in asked] == [FIRST_PAGE, PAGE_SIZE]  # small objects: full pages
     assert events[1:] == [("ADDED", "ua"), ("ADDED", "ub"), ("ADDED", "uc"), ("DELETED", "ugone")]
     assert sorted(informer.items) == ["ns/a", "ns/b", "ns/c"]
     assert informer.synced.is_set()
+
+
+def test_pages_are_sized_by_what_the_last_page_weighed() -> None:
+    # Issue 8: 500 nodes with their image lists are ~5 MiB of JSON and ~30 MiB as
+    # dicts at once; pages of PAGE_BYTES keep a re-list's peak at a few MiB.
+    assert next_limit(100 * 11_000, 100) == PAGE_BYTES // 11_000  # fat nodes: ~95 a page
+    assert next_limit(100 * 600, 100) == PAGE_SIZE  # namespaces: never above PAGE_SIZE
+    assert next_limit(10 * 2_000_000, 10) == 10  # 2 MB pods: never below 10
+    assert next_limit(0, 0) == PAGE_SIZE  # an empty page says nothing

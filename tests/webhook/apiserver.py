@@ -31,6 +31,7 @@ class StandInApiserver:
 
     def __init__(self) -> None:
         self.requests: list[str] = []
+        self.authorizations: set[str | None] = set()
         self.namespaces = [namespace("ml-team", **{"headroom.dev/policy": "shared-default"})]
         self.watched = asyncio.Event()
         self.closing = asyncio.Event()
@@ -43,6 +44,7 @@ class StandInApiserver:
 
     async def _list(self, request: web.Request, items: list[dict[str, Any]]) -> web.StreamResponse:
         self.requests.append(request.path_qs)
+        self.authorizations.add(request.headers.get("Authorization"))
         if request.query.get("watch") not in ("true", "True", "1"):
             return web.json_response({"metadata": {"resourceVersion": "7"}, "items": items})
         response = web.StreamResponse()
@@ -65,5 +67,6 @@ class StandInApiserver:
 
     async def namespace_get(self, request: web.Request) -> web.Response:
         self.requests.append(request.path_qs)
+        self.authorizations.add(request.headers.get("Authorization"))
         name = request.match_info["name"]
         return web.json_response(namespace(name, **{"headroom.dev/policy": "fresh"}))

@@ -5,8 +5,9 @@ import asyncio
 import json
 
 import pytest
-from kubernetes import client
 
+from kube.config import Credentials
+from kube.rest import Rest
 from tests.webhook.apiserver import POLICY, StandInApiserver, mig_node, namespace
 from webhook.cache import ClusterCache
 
@@ -78,32 +79,33 @@ async def test_an_unknown_namespace_without_a_client_is_a_lookup_error() -> None
 async def test_the_cache_lists_and_watches_the_right_resources(
     apiserver: StandInApiserver,
 ) -> None:
-    configuration = client.Configuration()
-    configuration.host = str(apiserver.server.make_url("")).rstrip("/")
+    server = str(apiserver.server.make_url("")).rstrip("/")
+    rest = Rest(Credentials(server=server, authorization=lambda: "Bearer t"), timeout=5.0)
     cache = ClusterCache()
-    with client.ApiClient(configuration) as api:
-        cache.start(api)
-        try:
-            assert set(cache.not_synced()) <= {"namespaces", "gpusharingpolicies", "nodes"}
-            async with asyncio.timeout(10):
-                await cache.wait_synced()
-                await apiserver.watched.wait()
-                await asyncio.sleep(0.05)  # the event hops from the watch thread to the loop
-            assert cache.not_synced() == []
-            assert cache.namespace_labels("ml-team") == {"headroom.dev/policy": "shared-default"}
-            assert cache.namespace_labels("late") == {"headroom.dev/policy": "x"}
-            assert cache.policies["shared-default"].spec.default_memory == "4Gi"
-            offer = cache.mig_offer()
-            assert offer is not None
-            assert "1g.10gb" in offer.profiles
-            # A namespace newer than the watch is read once, directly.
-            assert await cache.labels_for("newest") == {"headroom.dev/policy": "fresh"}
-        finally:
-            cache.stop()
+    try:
+        cache.start(rest)
+        assert set(cache.not_synced()) <= {"namespaces", "gpusharingpolicies", "nodes"}
+        async with asyncio.timeout(10):
+            await cache.wait_synced()
+            await apiserver.watched.wait()
+            await asyncio.sleep(0.05)  # the watched event is handled
+        assert cache.not_synced() == []
+        assert cache.namespace_labels("ml-team") == {"headroom.dev/policy": "shared-default"}
+        assert cache.namespace_labels("late") == {"headroom.dev/policy": "x"}
+        assert cache.policies["shared-default"].spec.default_memory == "4Gi"
+        offer = cache.mig_offer()
+        assert offer is not None
+        assert "1g.10gb" in offer.profiles
+        # A namespace newer than the watch is read once, directly.
+        assert await cache.labels_for("newest") == {"headroom.dev/policy": "fresh"}
+    finally:
+        cache.stop()
+        await rest.close()
     paths = apiserver.requests
-    # Lists come in pages (kube.informer.PAGE_SIZE).
-    assert "/api/v1/namespaces?limit=500" in paths
-    assert "/apis/headroom.dev/v1alpha1/gpusharingpolicies?limit=500" in paths
-    assert "/api/v1/nodes?labelSelector=nvidia.com/mig.capable%3Dtrue&limit=500" in paths
+    # Lists come in pages (kube.informer.FIRST_PAGE, then sized by what a page weighed).
+    assert "/api/v1/namespaces?limit=100" in paths
+    assert "/apis/headroom.dev/v1alpha1/gpusharingpolicies?limit=100" in paths
+    assert "/api/v1/nodes?labelSelector=nvidia.com/mig.capable%3Dtrue&limit=100" in paths
     assert any(p.startswith("/api/v1/namespaces?") and "watch=" in p for p in paths)
     assert "/api/v1/namespaces/newest" in paths
+    assert apiserver.authorizations == {"Bearer t"}

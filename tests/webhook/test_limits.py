@@ -14,14 +14,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
-from kubernetes.client import ApiException
 
 from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
+from kube.rest import Answer, Rest
 from tests.webhook.reviews import fed_cache, review_bytes, review_json
 from tests.webhook.test_tls_server import Connection, client_context, generate
 from webhook.admission import Admission
@@ -266,23 +266,27 @@ async def test_a_large_pod_is_decided_off_the_event_loop() -> None:
     assert warnings[-1] == f"headroom: and {more} more warnings like these"
 
 
-class CountingCore:
-    """A CoreV1Api whose read_namespace is slow and finds nothing."""
+class CountingRest:
+    """A kube.rest.Rest whose GETs are slow and find nothing."""
 
     def __init__(self) -> None:
         self.reads = 0
 
-    def read_namespace(self, name: str, **_: Any) -> Any:
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Answer:
         self.reads += 1
-        time.sleep(0.1)
-        raise ApiException(status=404, reason="Not Found: Authorization=Bearer secret-token")
+        await asyncio.sleep(0.1)
+        status = {"kind": "Status", "code": 404, "message": "Authorization=Bearer secret-token"}
+        return Answer(404, json.dumps(status).encode())
+
+    def as_rest(self) -> Rest:
+        return cast(Rest, self)
 
 
 async def test_a_flood_for_an_unknown_namespace_costs_one_read_per_period() -> None:
     now = [1000.0]
     cache = ClusterCache(watch_nodes=False, clock=lambda: now[0])
-    core = CountingCore()
-    cache._core = core
+    core = CountingRest()
+    cache._rest = core.as_rest()
 
     flood = await asyncio.gather(
         *(cache.labels_for("ghost") for _ in range(50)), return_exceptions=True
@@ -304,8 +308,8 @@ async def test_a_flood_for_an_unknown_namespace_costs_one_read_per_period() -> N
 
 async def test_the_watch_ends_a_remembered_miss() -> None:
     cache = ClusterCache(watch_nodes=False)
-    core = CountingCore()
-    cache._core = core
+    core = CountingRest()
+    cache._rest = core.as_rest()
     with pytest.raises(LookupError):
         await cache.labels_for("late")
 
@@ -317,7 +321,7 @@ async def test_the_watch_ends_a_remembered_miss() -> None:
 
 async def test_apiserver_error_text_never_reaches_the_denial() -> None:
     cache = ClusterCache(watch_nodes=False)
-    cache._core = CountingCore()
+    cache._rest = CountingRest().as_rest()
     request = parse_request(review_bytes("pod-cuda-vectoradd"))
     request.namespace = "ghost"
 
@@ -344,6 +348,7 @@ from pathlib import Path
 from aiohttp import web
 from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
+from kube.rest import Answer, Rest
 from tests.webhook.reviews import fed_cache
 from webhook.admission import Admission
 from webhook.limits import InFlight, Limits

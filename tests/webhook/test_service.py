@@ -92,8 +92,10 @@ async def test_the_service_becomes_ready_and_mutates_by_the_watched_policy(
         stopping.set()
         await service
     assert response["allowed"] is True
+    assert apiserver.authorizations == {"Bearer t"}  # the kubeconfig's token, on every request
     paths = {op["path"] for op in decoded_patch(response)}
     assert "/spec/containers/0/resources/limits/nvidia.com~1gpu.shared" in paths
     assert 'headroom_webhook_admissions_total{outcome="mutated",policy="shared-default"}' in metrics
     assert "headroom_webhook_certificate_expiry_timestamp_seconds" in metrics
     assert "headroom_webhook_invalid_policies 0.0" in metrics
+
