@@ -278,6 +278,48 @@ def test_every_component_runs_from_the_image_as_written(in_cluster: Cluster) -> 
     assert job["status"].get("succeeded") == 1
 
 
+def test_the_webhooks_disruption_budget_holds_on_eviction(in_cluster: Cluster) -> None:
+    """The PDB as written (minAvailable 1 of 2 replicas): a drain may evict one
+    webhook pod, and the eviction API refuses the second until a replacement is
+    ready, so admission never loses its last replica to a drain."""
+    selector = "app.kubernetes.io/name=headroom-webhook"
+    pods = in_cluster.kubectl_json("get", "pods", "-n", incluster.NAMESPACE, "-l", selector)
+    names = sorted(p["metadata"]["name"] for p in pods["items"])
+    assert len(names) == 2
+    first, second = (_evict(in_cluster, name) for name in names)
+    assert first[0] == 201, first
+    assert second[0] == 429, second
+    assert "disruption budget" in second[1]
+    wait_until(
+        "the webhook Deployment to be available again",
+        lambda: incluster._deployment_available(in_cluster, "headroom-webhook"),
+        timeout=120,
+    )
+
+
+def _evict(cluster: Cluster, name: str) -> tuple[int, str]:
+    """POST an Eviction for ``name`` as the admin, as ``kubectl drain`` does."""
+    pki = cluster.state.pki
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": incluster.NAMESPACE},
+    }
+    request = urllib.request.Request(
+        f"{cluster.server}/api/v1/namespaces/{incluster.NAMESPACE}/pods/{name}/eviction",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
 def _container_pid(pod: dict[str, Any], container: str) -> int:
     """The host pid of ``container``'s first process, found through its cgroup."""
     cid = next(
