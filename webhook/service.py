@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
-from cryptography import x509
 
 from kube.config import credentials
 from kube.rest import Rest
 from webhook.admission import Admission
 from webhook.cache import ClusterCache
+from webhook.certificate import Certificate
 from webhook.eviction import DEFAULT_AGENT_USER, api_pod_node, eviction_reviewer
 from webhook.limits import LARGE_POD_CONTAINERS, InFlight, Limits, OffLoop, container_count
 from webhook.metrics import WebhookMetrics
@@ -25,7 +25,7 @@ from webhook.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
 
-ReloadHook = Callable[[bool, x509.Certificate | None], None]
+ReloadHook = Callable[[bool, Certificate | None], None]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def reviewer(
 
 
 def certificate_metrics(metrics: WebhookMetrics) -> ReloadHook:
-    def on_reload(ok: bool, certificate: x509.Certificate | None) -> None:
+    def on_reload(ok: bool, certificate: Certificate | None) -> None:
         metrics.certificate_reloads.labels("ok" if ok else "error").inc()
         if certificate is not None:
             metrics.certificate_expiry.set(certificate.not_valid_after_utc.timestamp())

@@ -22,7 +22,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
-from cryptography import x509
+from webhook.certificate import Certificate, load_pem_certificate
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +42,14 @@ def _utc_now() -> datetime.datetime:
 
 
 def certificate_problem(
-    certificate: x509.Certificate, expected_dns: tuple[str, ...], now: datetime.datetime
+    certificate: Certificate, expected_dns: tuple[str, ...], now: datetime.datetime
 ) -> str | None:
     """Why this serving certificate must not serve, or None when it may."""
     if now < certificate.not_valid_before_utc:
         return f"certificate not valid before {certificate.not_valid_before_utc.isoformat()}"
     if now >= certificate.not_valid_after_utc:
         return f"certificate expired at {certificate.not_valid_after_utc.isoformat()}"
-    try:
-        sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-        names = [n.lower() for n in sans.value.get_values_for_type(x509.DNSName)]
-    except x509.ExtensionNotFound:
-        names = []
+    names = [n.lower() for n in certificate.dns_names]
     missing = [name for name in expected_dns if not _covered(name.lower(), names)]
     if missing:
         return f"certificate does not name {', '.join(missing)} (its DNS names: {names or 'none'})"
@@ -99,7 +95,7 @@ class ReloadingContext:
         self,
         cert_dir: Path,
         *,
-        on_reload: Callable[[bool, x509.Certificate | None], None] | None = None,
+        on_reload: Callable[[bool, Certificate | None], None] | None = None,
         expected_dns: tuple[str, ...] = (),
         clock: Clock = _utc_now,
     ) -> None:
@@ -186,7 +182,7 @@ class ReloadingContext:
             self.reload_if_changed()
             self.problem()
 
-    def _notify(self, ok: bool, certificate: x509.Certificate | None) -> None:
+    def _notify(self, ok: bool, certificate: Certificate | None) -> None:
         if self._on_reload is not None:
             self._on_reload(ok, certificate)
 
@@ -202,8 +198,8 @@ class ReloadingContext:
                 parts.append((info.st_ino, info.st_mtime_ns, info.st_size))
         return tuple(parts)
 
-    def _read_certificate(self) -> x509.Certificate:
+    def _read_certificate(self) -> Certificate:
         try:
-            return x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+            return load_pem_certificate(self.cert_file.read_bytes())
         except (OSError, ValueError) as err:
             raise CertificateError(f"{self.cert_file}: not a PEM certificate ({err})") from err

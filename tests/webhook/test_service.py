@@ -6,6 +6,8 @@ import contextlib
 import json
 import socket
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -99,3 +101,14 @@ async def test_the_service_becomes_ready_and_mutates_by_the_watched_policy(
     assert "headroom_webhook_certificate_expiry_timestamp_seconds" in metrics
     assert "headroom_webhook_invalid_policies 0.0" in metrics
 
+
+def test_the_webhook_imports_neither_the_official_client_nor_cryptography() -> None:
+    # Issue 8: their imports were ~10 and ~8 MiB of a 256Mi webhook that used neither
+    # (kube.config and kube.rest speak to the apiserver; webhook.certificate reads the
+    # serving certificate's few fields).
+    code = (
+        "import sys, cli.main, webhook.service;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'cryptography'}))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]"
