@@ -132,7 +132,7 @@ class ClusterState:
             self.reports.pop(name, None)
         else:
             try:
-                report = _compact(parse_report(dict(obj)))
+                report = parse_report(dict(obj))
             except ValidationError as err:
                 # A report we cannot read must not keep vouching for the node.
                 log.warning("GPUNodeReport %s unreadable, ignored: %s", name, err)
@@ -451,25 +451,6 @@ def _pod_key(obj: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
-_NOTHING_SET: frozenset[str] = frozenset()
-
-
-def _compact(report: ReportStatus) -> ReportStatus:
-    """``report`` with pydantic's per-instance record of which fields were set shared.
-
-    The extender keeps one report per node for as long as the node lives, and
-    that set is half of every GPU's footprint (~700 of ~1,500 bytes; 5,000
-    eight-GPU nodes: 30 MB, bench/memory_bench.py). Nothing here dumps a report
-    with ``exclude_unset``, the only reader of that set; the report itself keeps its
-    own, since ``model_copy(update=...)`` (:func:`_keep_failed_gpus`) adds to it.
-    """
-    for gpu in report.gpus:
-        object.__setattr__(gpu, "__pydantic_fields_set__", _NOTHING_SET)
-        for usage in gpu.pods:
-            object.__setattr__(usage, "__pydantic_fields_set__", _NOTHING_SET)
-    return report
-
-
 def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     """Whether ``new`` may show room ``old`` did not: some GPU holds less (a pod freed
     memory or left), or a pod is located (seen holding memory) for the first time,
@@ -490,4 +471,4 @@ def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> Report
         return report
     kept = [g for g in (last.gpus if last is not None else []) if g.index in failed and not g.error]
     gpus = [g for g in report.gpus if not g.error] + kept
-    return report.model_copy(update={"gpus": gpus})
+    return replace(report, gpus=gpus)

@@ -368,7 +368,7 @@ def _readable(report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:
     """The report without the GPUs NVML failed to read, and each one's error."""
     failed = {gpu.index: gpu.error for gpu in report.gpus if gpu.error}
     if failed:
-        report = report.model_copy(update={"gpus": [g for g in report.gpus if not g.error]})
+        report = replace(report, gpus=[g for g in report.gpus if not g.error])
     return report, failed
 
 
@@ -389,7 +389,7 @@ def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, lis
     if node.memory_bytes > 0 and any(gpu.total_bytes > node.memory_bytes for gpu in gpus):
         problems.append("GPUNodeReport totals above nvidia.com/gpu.memory are not trusted")
     if gpus is not report.gpus:
-        report = report.model_copy(update={"gpus": gpus})
+        report = replace(report, gpus=gpus)
     return report, problems
 
 

@@ -1,5 +1,6 @@
 """Faults never raise headroom (issue 7): stale, unavailable, failing, forged reports."""
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +34,7 @@ def headroom(state: ClusterState, node: str = "gpu-a") -> int:
 def unavailable(node: str, at_age: float = 0.0) -> dict[str, Any]:
     status = parse_report(gpu_report(node, {}, age=at_age))
     condition = Condition(type=CONDITION_NVML_AVAILABLE, status="False", reason="DriverGone")
-    return report_object(status.model_copy(update={"gpus": [], "conditions": [condition]}))
+    return report_object(replace(status, gpus=[], conditions=[condition]))
 
 
 def test_nvml_unavailable_or_silence_keeps_what_was_observed() -> None:
@@ -102,10 +103,7 @@ def forged_or_failing(
     claims to hold both pods."""
     status = parse_report(obj)
     gpus = [
-        g.model_copy(
-            update={"error": "NVMLError_Unknown", "pods": [], "unattributed_bytes": 0,
-                    "used_bytes": 0}
-        )
+        replace(g, error="NVMLError_Unknown", pods=[], unattributed_bytes=0, used_bytes=0)
         if errors[g.index]
         else g
         for g in status.gpus
@@ -113,7 +111,7 @@ def forged_or_failing(
     if phantom is not None:
         fake = parse_report(gpu_report(status.node_name, {phantom: dict.fromkeys(uids, GIB)}))
         gpus += fake.gpus
-    return report_object(status.model_copy(update={"gpus": gpus}))
+    return report_object(replace(status, gpus=gpus))
 
 
 @given(reports, st.integers(1, 20), st.integers(1, 20), st.integers(0, 120))
@@ -173,19 +171,12 @@ def failing_gpu(obj: dict[str, Any], index: int) -> dict[str, Any]:
     """``obj`` with NVML failing to read GPU ``index``: zero figures and an error."""
     status = parse_report(obj)
     gpus = [
-        g.model_copy(
-            update={
-                "error": "NVMLError_Unknown",
-                "pods": [],
-                "unattributed_bytes": 0,
-                "used_bytes": 0,
-            }
-        )
+        replace(g, error="NVMLError_Unknown", pods=[], unattributed_bytes=0, used_bytes=0)
         if g.index == index
         else g
         for g in status.gpus
     ]
-    return report_object(status.model_copy(update={"gpus": gpus}))
+    return report_object(replace(status, gpus=gpus))
 
 
 def test_one_failing_gpu_keeps_its_last_reading_and_the_others_stay_measured() -> None:
