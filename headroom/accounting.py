@@ -70,7 +70,7 @@ class History:
     it was not located then (it may have left any GPU)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodCharge:
     """One pod's line on one GPU."""
 
@@ -90,7 +90,7 @@ class PodCharge:
     here together with the larger unlocated pods charged here (headroom.spread)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GPUAccount:
     index: int
     product: str
@@ -113,7 +113,7 @@ class GPUAccount:
         return self.headroom if self.room is None else self.room
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MigAccount:
     profile: str
     capacity: int

@@ -70,8 +70,9 @@ class PodClaim:
     """``metadata.creationTimestamp`` in epoch seconds (None if absent or unreadable):
     no allocation of the pod's GPU can be older (headroom.spread)."""
 
-    @property
+    @cached_property
     def key(self) -> str:
+        """One string per claim: every GPU account line of the pod shares it."""
         return f"{self.namespace}/{self.name}"
 
     @property
