@@ -13,9 +13,8 @@ scheduler's timeout).
 
 from typing import Any
 
-from kubernetes import client
-
 from extender.verbs import Binder, BindError, Reader, ReadError
+from kube.config import ClientConfiguration, Credentials
 from kube.rest import Rest, Unreachable
 
 CONCURRENCY = 32
@@ -29,9 +28,12 @@ class ApiCalls(Rest):
     """The extender's binds and reads; create it on the event loop."""
 
     def __init__(
-        self, configuration: client.Configuration, *, timeout: float = REQUEST_TIMEOUT_SECONDS
+        self,
+        credentials: Credentials | ClientConfiguration,
+        *,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
-        super().__init__(configuration, timeout=timeout, connections=CONCURRENCY)
+        super().__init__(credentials, timeout=timeout, connections=CONCURRENCY)
 
 
 def api_binder(calls: Rest) -> Binder:

@@ -7,18 +7,18 @@ watched for the ``preempt`` verb only, and outside readiness: without them
 preemption keeps kube-scheduler's own PDB count (extender.preemption), while a
 blind node, pod or report watch could over-commit. The informers keep only
 each object's identity (kube.informer.identity): the state keeps what it uses.
+They list and watch over kube.rest on the event loop: no thread per watch, nor
+the per-thread heaps that glibc keeps for them.
 """
 
-import functools
 from collections.abc import Mapping
 from typing import Any
-
-from kubernetes import client
 
 from extender.capacity import CapacityAdvertiser
 from extender.state import ClusterState
 from headroom import names
-from kube.informer import Handler, Informer, identity
+from kube.informer import Handler, Informer, Resource, identity
+from kube.rest import Rest
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 BLIND_LIMIT_SECONDS = 15.0
@@ -27,19 +27,21 @@ binds and deletions, so it goes not-ready and answers filter and bind with an Er
 (issue 7: the apiserver was down 23 s and /readyz said 200 throughout)."""
 
 
+WATCH_CONNECTIONS = 8
+"""For the informers' :class:`kube.rest.Rest`: one held by each of the four watches,
+and room for their lists."""
+
+
 class Caches:
     def __init__(
         self,
-        api: client.ApiClient,
+        rest: Rest,
         state: ClusterState,
         advertiser: CapacityAdvertiser | None = None,
         budgets: Handler | None = None,
     ) -> None:
-        core = client.CoreV1Api(api)
-        custom = client.CustomObjectsApi(api)
-        list_reports = functools.partial(
-            custom.list_cluster_custom_object, names.GROUP, names.VERSION, names.REPORT_PLURAL
-        )
+        """``rest``: the informers hold one connection each for their watch."""
+        reports = f"/apis/{names.GROUP}/{names.VERSION}/{names.REPORT_PLURAL}"
 
         def on_node(kind: str, obj: Mapping[str, Any]) -> None:
             state.on_node(kind, obj)
@@ -48,22 +50,21 @@ class Caches:
 
         self.informers = (
             Informer(
-                core.list_node,
+                Resource(rest, "/api/v1/nodes"),
                 name="nodes",
                 handler=on_node,
                 on_resync=state.on_resync,
                 keep=identity,
             ),
             Informer(
-                core.list_pod_for_all_namespaces,
+                Resource(rest, "/api/v1/pods", fieldSelector=LIVE_PODS),
                 name="pods",
                 handler=state.on_pod,
                 on_resync=state.on_resync,
                 keep=identity,
-                field_selector=LIVE_PODS,
             ),
             Informer(
-                list_reports,
+                Resource(rest, reports),
                 name=names.REPORT_PLURAL,
                 handler=state.on_report,
                 on_resync=state.on_resync,
@@ -72,10 +73,9 @@ class Caches:
         )
         self.extra: tuple[Informer, ...] = ()
         if budgets is not None:
-            policy = client.PolicyV1Api(api)
             self.extra = (
                 Informer(
-                    policy.list_pod_disruption_budget_for_all_namespaces,
+                    Resource(rest, "/apis/policy/v1/poddisruptionbudgets"),
                     name="poddisruptionbudgets",
                     handler=budgets,
                     keep=identity,

@@ -34,11 +34,10 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
-
-from kubernetes import client
+from urllib.parse import quote
 
 from extender.state import ClusterState
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
@@ -46,6 +45,7 @@ from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import Budget, Evictee, parse_budget, protected, violations
 from headroom.podspec import PodError
 from headroom.preemption import GPURoom, Resident, victims_on_node
+from kube.rest import Rest
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ class PreemptionError(ValueError):
     """The request cannot be used; the message names the field."""
 
 
-Recorder = Callable[[PodClaim, str, str], None]
-"""``(pod, reason, message)``: record a Normal Event on the pod; blocking, may raise."""
+Recorder = Callable[[PodClaim, str, str], Awaitable[None]]
+"""``(pod, reason, message)``: record a Normal Event on the pod; may raise."""
 EVENT_REASON = "GPUMemoryPreemption"
 COMPONENT = "headroom-extender"
 OFFERS_KEPT = 1000
@@ -122,17 +122,15 @@ class Offers:
     async def _record(self, claim: PodClaim, message: str) -> None:
         assert self.recorder is not None
         try:
-            await asyncio.to_thread(self.recorder, claim, EVENT_REASON, message)
+            await self.recorder(claim, EVENT_REASON, message)
         except Exception as err:  # an Event is information; losing one harms nothing
             log.info("Event on %s not recorded: %s: %s", claim.key, type(err).__name__, err)
             return
         self.recorded += 1
 
 
-def api_recorder(api: client.ApiClient, *, timeout: float = 5.0) -> Recorder:
-    core = client.CoreV1Api(api)
-
-    def record(pod: PodClaim, reason: str, message: str) -> None:
+def api_recorder(rest: Rest, *, timeout: float = 5.0) -> Recorder:
+    async def record(pod: PodClaim, reason: str, message: str) -> None:
         now = datetime.now(UTC).isoformat()
         body: Any = {
             "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
@@ -152,7 +150,11 @@ def api_recorder(api: client.ApiClient, *, timeout: float = 5.0) -> Recorder:
             "lastTimestamp": now,
             "count": 1,
         }
-        core.create_namespaced_event(pod.namespace, body, _request_timeout=timeout)
+        namespace = quote(pod.namespace, safe="")
+        answer = await rest.request(
+            "POST", f"/api/v1/namespaces/{namespace}/events", body, time_limit=timeout
+        )
+        answer.check()
 
     return record
 

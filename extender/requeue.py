@@ -31,13 +31,12 @@ an event they would wait for the flush.
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
+from kube.rest import STRATEGIC_MERGE_PATCH, ApiError, Rest, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +44,21 @@ ANNOTATION_ROOM_AT = "headroom.dev/room-at"
 PATCH_EVERY_SECONDS = 1.0
 REQUEST_TIMEOUT_SECONDS = 5.0
 
-Stamper = Callable[[str, str], None]
-"""``(node, timestamp)``: set the node's room-at annotation; raises on failure."""
+Stamper = Callable[[str, str], Awaitable[None]]
+"""``(node, timestamp)``: set the node's room-at annotation; raises ApiError or Unreachable."""
 
 
-def api_stamper(api: client.ApiClient) -> Stamper:
-    core = client.CoreV1Api(api)
-
-    def stamp(node: str, when: str) -> None:
+def api_stamper(rest: Rest) -> Stamper:
+    async def stamp(node: str, when: str) -> None:
         body = {"metadata": {"annotations": {ANNOTATION_ROOM_AT: when}}}
-        core.patch_node(
-            node, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        answer = await rest.request(
+            "PATCH",
+            f"/api/v1/nodes/{quote(node, safe='')}",
+            body,
+            time_limit=REQUEST_TIMEOUT_SECONDS,
+            content_type=STRATEGIC_MERGE_PATCH,
         )
+        answer.check()
 
     return stamp
 
@@ -98,9 +100,9 @@ class RoomNotifier:
         self._last[node] = time.monotonic()
         when = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         try:
-            await asyncio.to_thread(self.stamper, node, when)
-        except (ApiException, HTTPError, OSError) as err:
-            reason: Any = err.status if isinstance(err, ApiException) else type(err).__name__
+            await self.stamper(node, when)
+        except (ApiError, Unreachable) as err:
+            reason: Any = err.status if isinstance(err, ApiError) else type(err).__name__
             log.info("node %s: could not stamp %s (%s)", node, ANNOTATION_ROOM_AT, reason)
             return
         self.stamped += 1

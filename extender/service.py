@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from extender.binding import ApiCalls, api_binder, api_reader
-from extender.cache import Caches
+from extender.cache import WATCH_CONNECTIONS, Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
 from extender.preemption import Budgets, Offers, api_recorder
@@ -19,7 +19,9 @@ from extender.state import ClusterState
 from extender.verbs import Extender
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 from headroom.names import HEADROOM_SCHEDULER
-from kube.config import api_client
+from kube.config import credentials
+from kube.informer import LIST_TIMEOUT_SECONDS
+from kube.rest import Rest
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,18 @@ async def _verify(extender: Extender, every: float) -> None:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT. Raises KubeConfigError on bad credentials."""
-    api = api_client(settings.kubeconfig)
+    found = credentials(settings.kubeconfig)
+    calls = ApiCalls(found)
+    """Binds and reads, and the few writes: node capacity and room stamps, Events."""
+    watches = Rest(found, timeout=LIST_TIMEOUT_SECONDS, connections=WATCH_CONNECTIONS)
+    try:
+        await _serve(settings, calls, watches)
+    finally:
+        await calls.close()
+        await watches.close()
+
+
+async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     state = ClusterState(
         margin=settings.margin_bytes,
         stale_after=settings.stale_after_seconds,
@@ -78,16 +91,14 @@ async def serve(settings: Settings) -> None:
         spread=settings.spread,
     )
     advertiser = (
-        CapacityAdvertiser(api_patcher(api), settings.margin_bytes)
+        CapacityAdvertiser(api_patcher(calls), settings.margin_bytes)
         if settings.advertise_capacity
         else None
     )
-    notifier = RoomNotifier(api_stamper(api), started=False)
+    notifier = RoomNotifier(api_stamper(calls), started=False)
     state.on_room = notifier.room
     budgets = Budgets()
-    caches = Caches(api, state, advertiser, budgets=budgets.on_event)
-    caches.start()
-    calls = ApiCalls(api.configuration)
+    caches = Caches(watches, state, advertiser, budgets=budgets.on_event)
     extender = Extender(
         state,
         api_binder(calls),
@@ -95,11 +106,16 @@ async def serve(settings: Settings) -> None:
         reader=api_reader(calls),
         scheduler_name=settings.scheduler_name,
         budgets=budgets,
-        offers=Offers(api_recorder(api)),
+        offers=Offers(api_recorder(calls)),
     )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    caches.start()
     collector = asyncio.create_task(_collect_after_sync(caches))
     requeue = asyncio.create_task(_requeue_after_sync(caches, state, notifier))
     verifier = asyncio.create_task(_verify(extender, settings.verify_after_seconds))
@@ -117,10 +133,10 @@ async def serve(settings: Settings) -> None:
     try:
         await stopping.wait()
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         collector.cancel()
         requeue.cancel()
         verifier.cancel()
         caches.stop()
         await runner.cleanup()
-        await calls.close()
-        api.close()

@@ -2,14 +2,16 @@
 
 import time
 
-from kubernetes import client
-
 from extender.cache import BLIND_LIMIT_SECONDS, Caches
 from extender.state import ClusterState
+from kube.config import Credentials
+from kube.rest import Rest
 
 
-def test_not_ready_while_a_watch_has_been_blind_too_long() -> None:
-    caches = Caches(client.ApiClient(), ClusterState(margin=0, stale_after=90.0))
+async def test_not_ready_while_a_watch_has_been_blind_too_long() -> None:
+    rest = Rest(Credentials(server="http://127.0.0.1:1"), timeout=1.0)
+    caches = Caches(rest, ClusterState(margin=0, stale_after=90.0))
+    await rest.close()
     assert not caches.ready()  # nothing listed yet
     for informer in caches.informers:
         informer.synced.set()

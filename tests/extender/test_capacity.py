@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
-from extender.capacity import CapacityAdvertiser
+from extender.capacity import PATCH_WORKERS, CapacityAdvertiser
 from headroom import names
 from headroom.capacity import capacity_patch, desired_capacity
 from headroom.nodes import parse_node
+from kube.rest import ApiError, Unreachable
 from tests.extender.objects import GIB, gpu_node
 
 MARGIN = 512 * 2**20
@@ -54,9 +55,9 @@ async def test_the_advertiser_patches_once_and_retries_a_failure(
 ) -> None:
     monkeypatch.setattr("extender.capacity.RETRY_SECONDS", (0.01,))
     calls: list[tuple[str, dict[str, Any]]] = []
-    failures = [OSError("connection reset")]
+    failures = [Unreachable("connection reset", sent=True)]
 
-    def patcher(node: str, body: dict[str, Any]) -> None:
+    async def patcher(node: str, body: dict[str, Any]) -> None:
         calls.append((node, body))
         if failures:
             raise failures.pop()
@@ -71,3 +72,40 @@ async def test_the_advertiser_patches_once_and_retries_a_failure(
         await asyncio.sleep(0.01)
     assert advertiser.patched == 1
     assert [name for name, _ in calls] == ["a", "a"]  # one failure, one retry
+
+
+async def test_a_storm_of_nodes_is_patched_a_few_at_a_time_and_a_retry_holds_no_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 8: a first list of 5,000 nodes made 5,000 tasks, each waiting for a thread.
+    monkeypatch.setattr("extender.capacity.RETRY_SECONDS", (0.3,))
+    in_flight = 0
+    most = 0
+    calls: list[str] = []
+    failures = {"n-0": ApiError(503, "etcd leader changed")}
+
+    async def patcher(node: str, body: dict[str, Any]) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        calls.append(node)
+        try:
+            if node in failures:
+                raise failures.pop(node)
+            await asyncio.sleep(0.002)
+        finally:
+            in_flight -= 1
+
+    advertiser = CapacityAdvertiser(patcher, MARGIN)
+    for i in range(200):
+        advertiser.on_node("ADDED", gpu_node(f"n-{i}"))
+    for _ in range(300):
+        if advertiser.patched == 200:
+            break
+        await asyncio.sleep(0.01)
+    assert advertiser.patched == 200
+    assert most <= PATCH_WORKERS
+    assert calls.count("n-0") == 2
+    # The other 199 did not wait out n-0's backoff: its retry came last.
+    assert calls[-1] == "n-0"
+    assert advertiser._busy == set()

@@ -9,6 +9,7 @@ import pytest
 
 from extender.preemption import Budgets
 from extender.wire import BadShape, ExtenderPreemptionArgs, ExtenderPreemptionResult, parse
+from headroom.claims import PodClaim
 from headroom.disruption import parse_budget
 from tests.extender.conftest import Harness
 from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
@@ -218,9 +219,11 @@ async def test_the_preemptor_gets_an_event_once_nominated_to_a_node_offered(
 ) -> None:
     h = budgets_harness
     recorded: list[tuple[str, str, str]] = []
-    h.extender.offers.recorder = lambda pod, reason, message: recorded.append(
-        (pod.name, reason, message)
-    )
+
+    async def record(pod: PodClaim, reason: str, message: str) -> None:
+        recorded.append((pod.name, reason, message))
+
+    h.extender.offers.recorder = record
     h.state.on_node("ADDED", gpu_node("gpu-a"))
     plain = resident("plain", "gpu-a", "30Gi")
     h.state.on_pod("ADDED", plain)

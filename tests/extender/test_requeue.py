@@ -2,14 +2,21 @@
 
 import asyncio
 
-from extender.requeue import RoomNotifier
+from extender.requeue import RoomNotifier, Stamper
 from extender.state import ClusterState
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report
 
 
+def recording(stamped: list[str]) -> Stamper:
+    async def stamp(node: str, when: str) -> None:
+        stamped.append(node)
+
+    return stamp
+
+
 async def test_room_is_stamped_once_per_burst_of_events() -> None:
     stamped: list[str] = []
-    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05)
+    notifier = RoomNotifier(recording(stamped), every=0.05)
     for _ in range(5):
         notifier.room("gpu-a")
     notifier.room("gpu-b")
@@ -22,7 +29,7 @@ async def test_room_is_stamped_once_per_burst_of_events() -> None:
 
 
 async def settled() -> None:
-    """Long enough for a due stamp to be made (they go through a thread)."""
+    """Long enough for a due stamp to be made."""
     await asyncio.sleep(0.2)
 
 
@@ -32,7 +39,7 @@ async def test_before_the_caches_sync_room_is_kept_and_one_node_is_stamped_after
     # cluster) before the extender can even answer. One Node event moves every pod
     # the extender refused, wherever it waits (the pseudo-plugin Extender takes any).
     stamped: list[str] = []
-    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05, started=False)
+    notifier = RoomNotifier(recording(stamped), every=0.05, started=False)
     for index in range(1000):
         notifier.room(f"gpu-{index:04}")
     await settled()
@@ -49,11 +56,11 @@ async def test_a_start_with_no_room_seen_still_stamps_a_gpu_node() -> None:
     # Room may have appeared anywhere while no extender was watching (a pod
     # refused by the one before this restart): retry what it refused, now.
     stamped: list[str] = []
-    notifier = RoomNotifier(lambda node, when: stamped.append(node), every=0.05, started=False)
+    notifier = RoomNotifier(recording(stamped), every=0.05, started=False)
     notifier.start(["gpu-b", "gpu-a"])
     await settled()
     assert stamped == ["gpu-a"]
-    empty = RoomNotifier(lambda node, when: stamped.append(node), started=False)
+    empty = RoomNotifier(recording(stamped), started=False)
     empty.start([])  # a cluster without GPU nodes: nobody waits for GPU memory
     await settled()
     assert stamped == ["gpu-a"]
