@@ -1,21 +1,25 @@
 """Benchmark (not a test): the extender's and the webhook's memory at 20,000 pods and 5,000 nodes.
 
-Each case runs in a fresh Python process, which builds the component's real
-caches (kube.informer.Informer with the component's own handlers and store
-policy, extender.state.ClusterState and its capacity advertiser, or the
-webhook's ClusterCache) and feeds them a re-list as the apiserver would send
-it: JSON pages of 500 objects, shaped like real objects (managedFields,
-container images, env, status conditions; GFD labels and an image list on
-nodes). No apiserver is needed, so the figure is the component's own memory,
-not the client's. The process then reports its resident set (VmRSS) and its
-peak (VmHWM), the figure a container's memory limit kills on, against the limit
-shipped in manifests/ (extender 512Mi, webhook 256Mi). The goal (issue 8) is
-a peak under 25% of the limit.
+Each case runs in a fresh Python process, which imports what the component's
+command imports (cli.main and its service), builds its API clients as the
+service does, and builds the component's real caches (kube.informer.Informer
+with the component's own handlers and store policy, extender.state.ClusterState
+and its capacity advertiser, or the webhook's ClusterCache) and feeds them a
+re-list as the apiserver would send it, through the informer's own paging and
+parsing (kube.informer: pages of about PAGE_BYTES of JSON): objects shaped
+like real ones (managedFields, container images, env, status conditions; GFD
+labels and an image list on nodes). No apiserver is needed: the figure is the
+component's own memory.
+The process then reports its resident set (VmRSS) and its peak (VmHWM), the
+figure a container's memory limit kills on, against the limit shipped in
+manifests/ (extender 512Mi, webhook 256Mi). The goal (issue 8) is a peak
+under 25% of the limit.
 
-The *floor* in the same run is the same process after its imports, with empty
-caches; the *whole* case keeps every object whole in the informer's store and
-lists in one unpaged response, as Headroom did before (issue 8 measured ~27 KiB
-per pod and a crash loop at 16-18k pods).
+The *floor* in the same run is the same process after its imports and a
+re-list whose objects it drops (the pages in flight); the *whole* case keeps
+every object whole in the informer's store and lists in one unpaged
+response, as Headroom did before (issue 8 measured ~27 KiB per pod and a
+crash loop at 16-18k pods).
 
 Run: ``.venv/bin/python bench/memory_bench.py [--pods 20000] [--nodes 5000]``.
 Prints a table, then one JSON object on its last line.
@@ -26,8 +30,9 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,7 +41,6 @@ MIB = 2**20
 LIMITS = {"extender": 512 * MIB, "webhook": 256 * MIB}
 GPU_POD_EVERY = 4
 """One pod in four asks for a shared GPU; the rest are ordinary CPU pods."""
-PAGE = 500
 
 
 def _managed_fields(manager: str) -> list[dict[str, Any]]:
@@ -188,9 +192,8 @@ def report(i: int) -> dict[str, Any]:
                  total_bytes=40 * 2**30, used_bytes=2**30, free_bytes=39 * 2**30)
         for g in range(8)
     ]  # fmt: skip
-    status = ReportStatus(
-        node_name=f"node-{i}", backend="nvml", observed_at="2026-11-24T07:00:00Z", gpus=gpus
-    )
+    observed = datetime(2026, 11, 24, 7, tzinfo=UTC)
+    status = ReportStatus(node_name=f"node-{i}", backend="nvml", observed_at=observed, gpus=gpus)
     return report_object(status)
 
 
@@ -204,59 +207,119 @@ def rss() -> tuple[int, int]:
     return found["VmRSS"], found["VmHWM"]
 
 
-async def _feed(informer: Any, make: Any, count: int, whole: bool) -> None:
-    """A re-list as kube.informer does it: a page's JSON is parsed, handed over, dropped.
-
-    ``whole`` is the unpaged list Headroom made before issue 8: all of it at once.
+class _Listing:
+    """A :class:`kube.informer.Source` serving ``count`` objects from ``make``, as the
+    apiserver pages a list: each page's JSON is built when asked for, as it arrives
+    from the network, and the informer's own ``_relist`` parses, hands over and
+    drops it. ``paged=False``: one response with everything, as before issue 8.
     """
-    from kube.informer import object_key
 
-    size = max(count, 1) if whole else PAGE
-    seen: set[str] = set()
-    for start in range(0, count, size):
-        body = json.dumps({"items": [make(i) for i in range(start, min(start + size, count))]})
-        objects = {object_key(o): o for o in json.loads(body)["items"]}
-        del body
-        seen.update(objects)
-        informer._page(objects)
-        del objects
-    informer._listed(seen)
+    def __init__(self, make: Any, count: int, *, paged: bool = True) -> None:
+        self.make = make
+        self.count = count
+        self.paged = paged
+        self.limits: list[int] = []
+
+    async def list(self, *, limit: int, token: str | None) -> bytes:
+        # As a read from the network would, this yields to the loop: what the
+        # handlers started for the last page (the advertiser's patches) runs.
+        await asyncio.sleep(0)
+        start = int(token or 0)
+        end = min(self.count, start + limit) if self.paged else self.count
+        self.limits.append(end - start)
+        items = b",".join(json.dumps(self.make(i)).encode() for i in range(start, end))
+        meta: dict[str, str] = {"resourceVersion": "1"}
+        if end < self.count:
+            meta["continue"] = str(end)
+        return b'{"metadata":' + json.dumps(meta).encode() + b',"items":[' + items + b"]}"
+
+    def watch(self, *, version: str) -> Any:
+        raise NotImplementedError("the benchmark lists only")
 
 
-class _Sink:
-    """The floor: pages generated and parsed as in the other cases, then dropped."""
-
-    def _page(self, objects: dict[str, Any]) -> None:
-        pass
-
-    def _listed(self, seen: set[str]) -> None:
-        pass
+async def _feed(informer: Any) -> None:
+    """One re-list, through the informer's own paging and parsing."""
+    await informer._relist()
 
 
 async def run_case(component: str, mode: str, pods: int, nodes: int) -> dict[str, Any]:
-    # Each process imports what its component imports, no more: the floor counts them.
+    # Each process imports what its component's command imports (``headroom extender``
+    # and ``headroom webhook`` start in cli.main), no more: the floor counts them.
+    import cli.main  # noqa: F401
+
     if component == "extender":
         import extender.service  # noqa: F401
+    else:
+        import webhook.service  # noqa: F401
+    from kube.informer import Informer, identity
+
+    whole = mode == "whole"
+    keep = None if whole else identity
+
+    def informer(make: Any, count: int, name: str, handler: Any = None) -> Informer:
+        return Informer(
+            _Listing(make, count, paged=not whole), name=name, handler=handler, keep=keep
+        )
+
+    base_rss, _ = rss()
+    clients = _clients(component)
+    try:
+        return await _fill(component, mode, pods, nodes, informer, base_rss)
+    finally:
+        for each in clients:
+            if hasattr(each, "close"):
+                await each.close()
+
+
+def _clients(component: str) -> list[Any]:
+    """The component's API clients, built as its service builds them: what building
+    them imports or allocates counts (the official client's CoreV1Api alone, which
+    the extender used to build, imported ~250 model modules: 21 MiB)."""
+    from kube.config import Credentials
+    from kube.rest import Rest
+
+    nowhere = Credentials(server="http://127.0.0.1:9")
+    if component == "extender":
+        from extender.binding import ApiCalls, api_binder, api_reader
+        from extender.cache import WATCH_CONNECTIONS
+        from extender.capacity import api_patcher
+        from extender.preemption import api_recorder
+        from extender.requeue import api_stamper
+        from kube.informer import LIST_TIMEOUT_SECONDS
+
+        calls = ApiCalls(nowhere)
+        watches = Rest(nowhere, timeout=LIST_TIMEOUT_SECONDS, connections=WATCH_CONNECTIONS)
+        return [calls, watches, api_binder(calls), api_reader(calls), api_patcher(calls),
+                api_stamper(calls), api_recorder(calls)]  # fmt: skip
+    from webhook.service import API_CONNECTIONS, EVICTION_READ_TIMEOUT
+
+    return [Rest(nowhere, timeout=EVICTION_READ_TIMEOUT, connections=API_CONNECTIONS)]
+
+
+async def _no_patch(name: str, body: dict[str, Any]) -> None:
+    """The advertiser's patches, as if the apiserver took each at once."""
+
+
+async def _fill(
+    component: str, mode: str, pods: int, nodes: int, informer: Any, base_rss: int
+) -> dict[str, Any]:
+    if component == "extender":
         from extender.capacity import CapacityAdvertiser
         from extender.preemption import Budgets
         from extender.state import ClusterState
     else:
-        import webhook.service  # noqa: F401
         from webhook.cache import ClusterCache
-    from kube.informer import Informer, identity
-
     whole = mode == "whole"
-    base_rss, _ = rss()
     if mode == "floor":
-        # The largest page the slim cases parse, generated and dropped as they do.
+        # The largest pages the slim cases parse, parsed and dropped as they do.
         if component == "extender":
-            await _feed(_Sink(), lambda i: pod(i, nodes), PAGE * 2, False)
-        await _feed(_Sink(), node, PAGE * 2, False)
+            await _feed(informer(lambda i: pod(i, nodes), 1000, "pods"))
+        await _feed(informer(node, 1000, "nodes"))
         current, peak = rss()
-        return {"rss": current, "hwm": peak, "base": base_rss, "held": 0}
+        return {"rss": current, "hwm": peak, "base": base_rss, "held": 0, "pages": {}}
     if component == "extender":
         state = ClusterState(margin=512 * MIB, stale_after=90.0)
-        advertiser = CapacityAdvertiser(lambda name, body: None, 512 * MIB)
+        advertiser = CapacityAdvertiser(_no_patch, 512 * MIB)
         advertiser.on_node = _keep_whole(advertiser) if whole else advertiser.on_node  # type: ignore[method-assign]
         budgets = Budgets()
 
@@ -264,27 +327,19 @@ async def run_case(component: str, mode: str, pods: int, nodes: int) -> dict[str
             state.on_node(kind, obj)
             advertiser.on_node(kind, obj)
 
-        keep = None if whole else identity
-        pairs = [
-            (Informer(lambda **_: None, name="nodes", handler=on_node, keep=keep), node, nodes),
-            (Informer(lambda **_: None, name="reports", handler=state.on_report, keep=keep),
-             report, nodes),
-            (Informer(lambda **_: None, name="pods", handler=state.on_pod, keep=keep),
-             lambda i: pod(i, nodes), pods),
-            (Informer(lambda **_: None, name="pdbs", handler=budgets.on_event, keep=keep),
-             lambda i: {}, 0),
-        ]  # fmt: skip
-        for informer, make, count in pairs:
-            await _feed(informer, make, count, whole)
+        informers = [
+            informer(node, nodes, "nodes", on_node),
+            informer(report, nodes, "reports", state.on_report),
+            informer(lambda i: pod(i, nodes), pods, "pods", state.on_pod),
+            informer(lambda i: {}, 0, "pdbs", budgets.on_event),
+        ]
+        for each in informers:
+            await _feed(each)
+            await asyncio.sleep(0)  # what the handlers scheduled runs, as between pages
         state.prepare(state.clock())
         held = len(state.pods)
     else:
         cache = ClusterCache(watch_nodes=True)
-        keep = None if whole else identity
-        namespaces = Informer(
-            lambda **_: None, name="namespaces", handler=cache.on_namespace, keep=keep
-        )
-        mig_nodes = Informer(lambda **_: None, name="nodes", handler=cache.on_node, keep=keep)
 
         def namespace(i: int) -> dict[str, Any]:
             return {
@@ -297,11 +352,17 @@ async def run_case(component: str, mode: str, pods: int, nodes: int) -> dict[str
                 "status": {"phase": "Active"},
             }
 
-        await _feed(namespaces, namespace, 500, whole)
-        await _feed(mig_nodes, node, nodes, whole)
-        held = len(namespaces.items) + len(mig_nodes.items)
+        informers = [
+            informer(namespace, 500, "namespaces", cache.on_namespace),
+            informer(node, nodes, "nodes", cache.on_node),
+        ]
+        for each in informers:
+            await _feed(each)
+        held = sum(len(each.uids) for each in informers)
     current, peak = rss()
-    return {"rss": current, "hwm": peak, "base": base_rss, "held": held}
+    # The largest page each list came in.
+    pages = {each.name: max(cast(_Listing, each._source).limits, default=0) for each in informers}
+    return {"rss": current, "hwm": peak, "base": base_rss, "held": held, "pages": pages}
 
 
 def _keep_whole(advertiser: Any) -> Any:
@@ -357,6 +418,8 @@ def main() -> None:
             )
             summary[f"{component}_{mode}_peak_mib"] = round(r["hwm"] / MIB, 1)
             summary[f"{component}_{mode}_peak_over_limit"] = round(share, 3)
+            if mode == "slim":
+                summary[f"{component}_largest_pages"] = r["pages"]
     for component in LIMITS:
         floor = summary[f"{component}_floor_peak_mib"]
         slim = summary[f"{component}_slim_peak_mib"] - floor
