@@ -4,10 +4,11 @@ Setting up: the pod bridge with the node's address on it, and the one-Service
 stand-in for kube-proxy (a DNAT of the ``kubernetes`` Service to the apiserver
 on 127.0.0.1). Tearing down works from what is on the machine, not from a
 record of it, so that it also clears what a crashed ``up`` left: processes in
-kubelet's ``kubepods`` cgroups and shims serving our containerd socket are
-killed, network namespaces holding a pod address are deleted, everything
-mounted under the node's directories is unmounted, then the bridge, our
-iptables rules, the cgroups and the directories go.
+our pods' cgroups and shims serving our containerd socket are killed,
+everything mounted under the node's directories (the pods' network namespaces
+too) is unmounted, then the bridge, our iptables rules, our pods' cgroups and
+the directories go. What other software on the machine made -- another
+kubelet's pods, another CNI network's port mappings -- is left alone.
 """
 
 import contextlib
@@ -32,19 +33,23 @@ CNI_RESULTS = Path("/var/lib/cni/results")
 CONTAINER_LOGS = Path("/var/log/containers")
 RULE_COMMENT = "headroom-realnode"
 """Marks our iptables rules, so that ``down`` deletes exactly those."""
-# Chains the portmap plugin (iptables backend) and kubelet may create.
-FOREIGN_CHAINS = re.compile(
-    r"^(CNI-HOSTPORT-\w+|CNI-DN-\w+|KUBE-KUBELET-CANARY|KUBE-IPTABLES-HINT)$"
-)
+PORTMAP_DNAT = "CNI-HOSTPORT-DNAT"
+PORTMAP_CHAINS = (PORTMAP_DNAT, "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
+"""The portmap plugin's (iptables backend) chains that every CNI network on the
+machine shares; each container gets a ``CNI-DN-<hash>`` chain of its own."""
 
 
 class HostError(RuntimeError):
     """A host command failed; the message quotes it and its output."""
 
 
-def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _path() -> str:
     # ip and iptables live in /usr/sbin, which a non-login PATH may lack.
-    env = {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"}
+    return f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": _path()}
     result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60, env=env)
     if check and result.returncode != 0:
         raise HostError(
@@ -102,12 +107,26 @@ def _kubepods_dirs() -> list[Path]:
     return [path for path in found if path.is_dir()]
 
 
-def pod_processes() -> set[int]:
-    """Host pids of every process in a kubelet pod cgroup."""
+def _in_pods(path: Path, top: Path, wanted: set[str] | None) -> bool:
+    """``path`` is inside one of the ``wanted`` pod cgroups (any pod's, for None)."""
+    return wanted is None or not wanted.isdisjoint(path.relative_to(top).parts)
+
+
+def _pod_cgroups(pod_uids: Iterable[str] | None) -> set[str] | None:
+    # The cgroupfs driver names a pod's cgroup pod<uid> (systemd's would differ).
+    return None if pod_uids is None else {f"pod{uid}" for uid in pod_uids}
+
+
+def pod_processes(pod_uids: Iterable[str] | None = None) -> set[int]:
+    """Host pids of every process in a kubelet pod cgroup; with ``pod_uids``, only
+    in those pods' cgroups, so that another kubelet's pods on this machine are left
+    alone."""
+    wanted = _pod_cgroups(pod_uids)
     return {
         pid
         for top in _kubepods_dirs()
         for procs in top.rglob("cgroup.procs")
+        if _in_pods(procs, top, wanted)
         for pid in _pids(procs)
     }
 
@@ -176,8 +195,10 @@ def _running(pid: int) -> bool:
 
 
 def pod_netns(subnet: str) -> list[str]:
-    """Named network namespaces (containerd's ``cni-<uuid>``) holding an address in
-    ``subnet``: those the CNI bridge plugin gave a pod of ours."""
+    """Named network namespaces in ``/run/netns`` holding an address in ``subnet``.
+    Ours are never there (containerd keeps them under its state dir); a check
+    that none leaked there, not something ``down`` deletes: another tool may
+    use the same subnet (podman's default is 10.88.0.0/16 too)."""
     if not NETNS_DIR.is_dir():
         return []
     network = ipaddress.ip_network(subnet)
@@ -188,11 +209,6 @@ def pod_netns(subnet: str) -> list[str]:
         if any(ipaddress.ip_address(a) in network for a in addresses):
             names.append(entry.name)
     return names
-
-
-def delete_netns(names: Iterable[str]) -> None:
-    for name in names:
-        run("ip", "netns", "delete", name, check=False)
 
 
 def _unescape(field: str) -> str:
@@ -248,37 +264,73 @@ def _rules(binary: str) -> Iterator[tuple[str, str]]:
             yield table, line
 
 
-def delete_rules() -> None:
-    """Our commented rules, then the CNI portmap and kubelet chains and the jumps to them."""
+def _option(words: list[str], flag: str) -> str:
+    return words[words.index(flag) + 1] if flag in words[:-1] else ""
+
+
+def _ours(words: list[str], network: str) -> bool:
+    """Our commented rule, or portmap's jump to a container chain of ``network``
+    (commented ``dnat name: "<network>" id: "<container>"``)."""
+    comment = _option(words, "--comment")
+    return comment == RULE_COMMENT or comment.startswith(f'dnat name: "{network}" ')
+
+
+def delete_rules(network: str) -> None:
+    """Our commented rules; the portmap rules of the CNI network ``network`` (the
+    jump to each container's ``CNI-DN-`` chain, then that chain); and portmap's
+    shared chains, with the jumps to them, once no other network has a port mapped
+    in them. Nothing else's rules are touched (another CNI user, kube-proxy)."""
     for binary in ("iptables", "ip6tables"):
-        if shutil.which(binary) is None:
+        if shutil.which(binary, path=_path()) is None:
             continue
-        chains: list[tuple[str, str]] = []
+        declared: list[tuple[str, str]] = []
+        rules: list[tuple[str, list[str]]] = []
         for table, line in _rules(binary):
             words = shlex.split(line)
             if line.startswith(":"):
-                if FOREIGN_CHAINS.match(words[0][1:]):
-                    chains.append((table, words[0][1:]))
-                continue
-            target = words[words.index("-j") + 1] if "-j" in words else ""
-            chain = words[1]
-            if RULE_COMMENT in line or (
-                FOREIGN_CHAINS.match(target) and not FOREIGN_CHAINS.match(chain)
-            ):
-                run(binary, "-t", table, "-D", *words[1:], check=False)
+                declared.append((table, words[0][1:]))
+            else:
+                rules.append((table, words))
+        ours = [(table, words) for table, words in rules if _ours(words, network)]
+        left = [(table, words) for table, words in rules if not _ours(words, network)]
+        chains = [
+            (table, target)
+            for table, words in ours
+            if (target := _option(words, "-j")).startswith("CNI-DN-")
+        ]
+        if not any(words[1] == PORTMAP_DNAT for _, words in left):
+            # the jumps from the built-in chains (containers' chains are flushed)
+            ours += [
+                (table, words)
+                for table, words in left
+                if _option(words, "-j") in PORTMAP_CHAINS
+                and not words[1].startswith(("CNI-HOSTPORT-", "CNI-DN-"))
+            ]
+            chains += [(table, chain) for table, chain in declared if chain in PORTMAP_CHAINS]
+        for table, words in ours:
+            run(binary, "-t", table, "-D", *words[1:], check=False)
         for table, chain in chains:
             run(binary, "-t", table, "-F", chain, check=False)
         for table, chain in chains:
             run(binary, "-t", table, "-X", chain, check=False)
 
 
-def remove_cgroups() -> None:
-    """kubelet's ``kubepods`` trees, deepest first (rmdir works only on empty cgroups)."""
+def remove_cgroups(pod_uids: Iterable[str]) -> None:
+    """The cgroups of the pods ``pod_uids``, then kubelet's ``kubepods`` and QoS
+    cgroups where nothing else is left in them; deepest first, as rmdir removes
+    only an empty cgroup (another kubelet's pods keep theirs)."""
+    wanted = _pod_cgroups(pod_uids)
     for top in _kubepods_dirs():
         directories = sorted(
             (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
         )
-        for directory in [*directories, top]:
+        pods = [p for p in directories if _in_pods(p, top, wanted)]
+        skeleton = [
+            p
+            for p in directories
+            if not any(part.startswith("pod") for part in p.relative_to(top).parts)
+        ]
+        for directory in [*pods, *skeleton, top]:
             with contextlib.suppress(OSError):
                 directory.rmdir()
 

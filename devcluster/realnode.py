@@ -533,23 +533,34 @@ def _remove_tasks(progress: Progress) -> None:
             ctr("tasks", "delete", "--force", task, check=False, timeout=20)
 
 
+def _pod_uids() -> set[str]:
+    """The pods our kubelet ran (its ``pods/<uid>`` directories): only their
+    processes and cgroups are ours to kill and remove."""
+    pods = KUBELET_ROOT / "pods"
+    return {entry.name for entry in pods.iterdir()} if pods.is_dir() else set()
+
+
 def teardown(owner: dict[str, Any] | None = None) -> None:
-    """Remove every trace of a real node from this machine, whoever started it."""
+    """Remove every trace of our real node from this machine, this cluster's or one
+    that died without ``down``.
+
+    Pods' network namespaces need nothing of their own: containerd keeps them
+    under its state dir (``netns_mounts_under_state_dir``), unmounted with it."""
+    pods = _pod_uids()
     for _ in range(3):
-        strays = nodehost.node_processes([ROOT, RUN]) | nodehost.pod_processes()
+        strays = nodehost.node_processes([ROOT, RUN]) | nodehost.pod_processes(pods)
         shims = nodehost.shims(CONTAINERD_SOCKET)
         if not strays and not shims:
             break
         nodehost.kill(strays | set(shims))
         for shim_socket in shims.values():
             shim_socket.unlink(missing_ok=True)
-    nodehost.delete_netns(nodehost.pod_netns(POD_SUBNET))
     left = nodehost.unmount_all([ROOT, RUN])
     if left:
         raise RealNodeError(f"could not unmount {', '.join(left)}")
     nodehost.delete_bridge(BRIDGE)
-    nodehost.delete_rules()
-    nodehost.remove_cgroups()
+    nodehost.delete_rules(NETWORK)
+    nodehost.remove_cgroups(pods)
     nodehost.remove_cni_results(NETWORK, RUN)
     nodehost.remove_log_links(POD_LOGS)
     if owner and owner.get("ipForward") in ("0", "1"):
@@ -566,7 +577,10 @@ DEVICE_PLUGIN_FILES = ("kubelet.sock", "kubelet_internal_checkpoint", "headroom-
 
 def _remove_device_plugin_files() -> None:
     """The files ours put in kubelet's fixed device-plugin directory; the directories
-    too when nothing else is in them (a machine's own kubelet would keep its own)."""
+    too when nothing else is in them. Ours is stopped by now, so a kubelet still
+    serving there is the machine's own: its socket and checkpoint stay."""
+    if _listening(DEVICE_PLUGIN_SOCKET):
+        return
     for name in DEVICE_PLUGIN_FILES:
         (DEVICE_PLUGINS / name).unlink(missing_ok=True)
     for directory in (DEVICE_PLUGINS, DEVICE_PLUGINS_ROOT):

@@ -2,7 +2,11 @@
 
 import os
 import re
+import shutil
+import socket
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,3 +126,35 @@ def test_cached_archives_are_the_newest_of_each_image(
         "kube-scheduler-cccc.oci.tar",
         "pause-3.10.oci.tar",
     ]
+
+
+@pytest.fixture
+def device_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # unix socket paths must stay under 108 bytes; pytest's tmp_path can be longer
+    root = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
+    directory = root / "device-plugins"
+    directory.mkdir()
+    for name in realnode.DEVICE_PLUGIN_FILES:
+        (directory / name).write_bytes(b"")
+    monkeypatch.setattr(realnode, "DEVICE_PLUGINS_ROOT", root)
+    monkeypatch.setattr(realnode, "DEVICE_PLUGINS", directory)
+    monkeypatch.setattr(realnode, "DEVICE_PLUGIN_SOCKET", directory / "kubelet.sock")
+    yield directory
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_down_removes_the_device_plugin_files_of_ours(device_plugins: Path) -> None:
+    realnode._remove_device_plugin_files()
+
+    assert not device_plugins.parent.exists()
+
+
+def test_down_leaves_a_live_kubelets_device_plugin_files(device_plugins: Path) -> None:
+    (device_plugins / "kubelet.sock").unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as kubelet:
+        kubelet.bind(str(device_plugins / "kubelet.sock"))
+        kubelet.listen()
+
+        realnode._remove_device_plugin_files()
+
+    assert sorted(p.name for p in device_plugins.iterdir()) == sorted(realnode.DEVICE_PLUGIN_FILES)
