@@ -83,12 +83,21 @@ def sysctl(key: str, value: str | None = None) -> str:
 
 def service_dnat(bridge: str, service: str, port: int, target: str) -> None:
     """Send ``service:port`` to ``target`` (``127.0.0.1:6443``) from pods on ``bridge`` and
-    from this host. Pods reach 127.0.0.1 only with route_localnet on the bridge."""
+    from this host. Pods reach 127.0.0.1 only with route_localnet on the bridge.
+
+    route_localnet alone would let a pod reach every 127.0.0.1 service of this
+    machine (etcd without TLS among them) with packets addressed to 127/8 straight
+    (CVE-2020-8558): as kube-proxy does, what arrives on ``bridge`` for 127/8 is
+    dropped unless it was DNATed here, so the Service is all a pod reaches."""
     spec = ["-d", f"{service}/32", "-p", "tcp", "--dport", str(port)]
     mark = ["-m", "comment", "--comment", RULE_COMMENT]
     dnat = ["-j", "DNAT", "--to-destination", target]
     run("iptables", "-t", "nat", "-I", "PREROUTING", "-i", bridge, *spec, *mark, *dnat)
     run("iptables", "-t", "nat", "-I", "OUTPUT", *spec, *mark, *dnat)
+    run(
+        "iptables", "-I", "INPUT", "-i", bridge, "-d", "127.0.0.0/8",
+        "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", *mark, "-j", "DROP",
+    )  # fmt: skip
     sysctl(f"net.ipv4.conf.{bridge}.route_localnet", "1")
 
 

@@ -155,6 +155,33 @@ def test_real_iptables_keep_everything_not_ours() -> None:
     assert "-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT" in left
 
 
+def test_real_setup_then_teardown_leaves_no_rule_or_bridge() -> None:
+    left = _in_netns(
+        "from pathlib import Path\n"
+        "from devcluster import nodehost\n"
+        "nodehost.create_bridge('headroom0', '10.88.0.1/16')\n"
+        "nodehost.service_dnat('headroom0', '10.96.0.1', 443, '127.0.0.1:6443')\n"
+        "print(nodehost.run('iptables-save').stdout)\n"
+        "print(Path('/proc/sys/net/ipv4/conf/headroom0/route_localnet').read_text())\n"
+        "nodehost.delete_bridge('headroom0')\n"
+        "nodehost.delete_rules('headroom')\n"
+        "print('left:', nodehost.link_exists('headroom0'))\n"
+        "print(nodehost.run('iptables-save').stdout)\n"
+    )
+    during, after = left.split("left:")
+
+    # route_localnet lets pods reach the apiserver's DNAT target on 127.0.0.1, and
+    # only that: what else comes to 127/8 from the bridge is dropped (CVE-2020-8558).
+    assert (
+        "-A INPUT -d 127.0.0.0/8 -i headroom0 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
+        " -m comment --comment headroom-realnode -j DROP"
+    ) in during
+    assert "--to-destination 127.0.0.1:6443" in during
+    assert "\n1\n" in during
+    assert after.startswith(" False")
+    assert "headroom" not in after
+
+
 def _cgroup(root: Path, *parts: str, pids: str | None = None) -> Path:
     directory = root.joinpath("memory", "kubepods", *parts)
     directory.mkdir(parents=True)
