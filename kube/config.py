@@ -14,6 +14,7 @@ official client for the code that calls it.
 
 import base64
 import binascii
+import logging
 import os
 import ssl
 import tempfile
@@ -27,6 +28,8 @@ import yaml
 
 if TYPE_CHECKING:
     from kubernetes import client
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
@@ -180,7 +183,12 @@ def _in_cluster(environ: Mapping[str, str], account: Path) -> Credentials:
 
 
 class _TokenFile:
-    """``Bearer <the file's contents>``, re-read every :data:`TOKEN_REREAD_SECONDS`."""
+    """``Bearer <the file's contents>``, re-read every :data:`TOKEN_REREAD_SECONDS`.
+
+    Only the first read may fail: later, a file that cannot be read keeps the
+    last token in use (kubelet swaps the file atomically; a request should
+    fail on the apiserver's answer, not on a missing file).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -190,12 +198,17 @@ class _TokenFile:
     def __call__(self) -> str:
         now = time.monotonic()
         if now - self._read_at >= TOKEN_REREAD_SECONDS:
-            if not self.path.is_file():
-                raise KubeConfigError(f"{self.path}: no service-account token")
-            token = self.path.read_text().strip()
-            if not token:
-                raise KubeConfigError(f"{self.path} is empty")
-            self._value, self._read_at = f"Bearer {token}", now
+            try:
+                token = self.path.read_text().strip() if self.path.is_file() else ""
+            except OSError:
+                token = ""
+            if token:
+                self._value = f"Bearer {token}"
+            elif not self._value:
+                raise KubeConfigError(f"{self.path}: no service-account token, or empty")
+            else:
+                log.warning("%s could not be re-read; the last token stays in use", self.path)
+            self._read_at = now
         return self._value
 
 

@@ -137,6 +137,8 @@ def test_in_cluster_reads_the_service_account_and_rereads_the_token(
     assert found.authorization() == "Bearer one"  # not yet re-read
     monkeypatch.setattr(config, "TOKEN_REREAD_SECONDS", 0.0)
     assert found.authorization() == "Bearer two"
+    (tmp_path / "token").unlink()  # mid-swap: the last token stays in use
+    assert found.authorization() == "Bearer two"
 
 
 def test_what_is_missing_is_named(tmp_path: Path) -> None:
