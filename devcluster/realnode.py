@@ -68,8 +68,6 @@ POD_SUBNET = "10.88.0.0/16"
 NODE_IP = "10.88.0.1"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-IMAGES = ("ghcr.io/headroom-dev/headroom:0.1.0", "registry.k8s.io/kube-scheduler:v1.34.4")
-"""The other images the node runs, as OCI archives in :func:`images_dir`."""
 CNI_VERSION = "v1.9.1"
 BUILD_SCRIPT = binaries.BUILD_SCRIPT.parent / "build-node.sh"
 READY_TIMEOUT = 120.0

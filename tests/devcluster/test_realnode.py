@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from devcluster import binaries, nodehost, realnode
 from devcluster.state import ClusterState
@@ -126,6 +127,14 @@ def test_cached_archives_are_the_newest_of_each_image(
         "kube-scheduler-cccc.oci.tar",
         "pause-3.10.oci.tar",
     ]
+
+
+def test_the_agent_overlay_mounts_our_kubelets_pod_resources() -> None:
+    overlay = binaries.CHECKOUT / "manifests" / "overlays" / "realnode" / "agent.yaml"
+    agent = yaml.safe_load(overlay.read_text())
+
+    (volume,) = agent["spec"]["template"]["spec"]["volumes"]
+    assert volume["hostPath"]["path"] == str(realnode.POD_RESOURCES_SOCKET.parent)
 
 
 @pytest.fixture
