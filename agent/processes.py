@@ -7,8 +7,10 @@ here. The agent then maps that pid back to its pod through the same
 ``/proc/<pid>/cgroup`` (:mod:`agent.attribution`), so that path is exercised on a
 real container runtime's cgroups even without a GPU.
 
-A container's main process is the lowest pid in its cgroup: the first one the
-runtime started there, the container's init. The pod's sandbox (``pause``) has
+A container's main process is the one in its cgroup that started first: the
+container's init. Not simply the lowest pid: pids wrap around at
+``kernel.pid_max``, 32768 on many machines, so a worker forked later can get a
+lower pid than its parent. The pod's sandbox (``pause``) has
 a cgroup of its own under the pod's, named by the sandbox ID, which no
 ``containerStatuses`` entry names, so it is never taken for a container.
 """
@@ -24,16 +26,18 @@ Pod = Mapping[str, Any]
 
 
 def main_processes(proc_root: Path = Path("/proc")) -> dict[ContainerRef, int]:
-    """(pod UID, container ID) -> the lowest pid in that container's cgroup.
+    """(pod UID, container ID) -> the pid in that container's cgroup that started
+    first (the lower pid when two started in the same clock tick).
 
-    Reads every ``<proc_root>/<pid>/cgroup`` once; a process gone meanwhile is
-    skipped. Processes outside a container (a pod-level cgroup) are left out.
+    Reads every ``<proc_root>/<pid>/cgroup`` once, and the ``stat`` of those in a
+    container; a process gone meanwhile is skipped. Processes outside a container
+    (a pod-level cgroup) are left out.
     """
-    found: dict[ContainerRef, int] = {}
+    first: dict[ContainerRef, tuple[float, int]] = {}
     try:
         entries = os.listdir(proc_root)
     except OSError:
-        return found
+        return {}
     for entry in entries:
         if not entry.isdecimal():
             continue
@@ -41,9 +45,21 @@ def main_processes(proc_root: Path = Path("/proc")) -> dict[ContainerRef, int]:
         ref = container_of_pid(pid, proc_root)
         if ref is None or ref.container_id is None:
             continue
-        if pid < found.get(ref, pid + 1):
-            found[ref] = pid
-    return found
+        key = (_start_time(pid, proc_root), pid)
+        if ref not in first or key < first[ref]:
+            first[ref] = key
+    return {ref: pid for ref, (_, pid) in first.items()}
+
+
+def _start_time(pid: int, proc_root: Path) -> float:
+    """When ``pid`` started, in clock ticks since boot (``stat`` field 22); infinity
+    when unreadable (gone meanwhile), so that any process still there comes first."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text()
+        # after "(comm)", whose name may hold spaces and parentheses: field 3 on
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return float("inf")
 
 
 def container_ids(pod: Pod, name: str | None = None) -> list[str]:
