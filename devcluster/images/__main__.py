@@ -32,10 +32,8 @@ def check(built: dict[str, Path]) -> None:
                 f"{' '.join(args)} in {ref} exited {result.returncode}:\n"
                 f"{result.stdout}{result.stderr}"
             )
-        _progress(
-            f"{ref}: `{' '.join(args)}` ran as 10001:10001, read-only root: "
-            f"{result.stdout.splitlines()[0]}"
-        )
+        first = next(iter(result.stdout.splitlines()), "(no output)")
+        _progress(f"{ref}: `{' '.join(args)}` ran as 10001:10001, read-only root: {first}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,8 +59,10 @@ def ensure(work: Path, log: Path, progress: Progress) -> str:
     try:
         try:
             stream(
-                ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-                 SUITE, rootfs, MIRROR],
+                # Fail rather than warn when the Release file's signature cannot be
+                # checked (a mirror over plain http, HEADROOM_DEBIAN_MIRROR elsewhere).
+                ["debootstrap", "--variant=minbase", "--force-check-gpg",
+                 f"--include={','.join(PACKAGES)}", SUITE, rootfs, MIRROR],
                 log=log, progress=progress, what="debootstrap",
                 show=lambda line: line.startswith("I: ") and line.rstrip().endswith(_PHASES),
             )  # fmt: skip
