@@ -1,6 +1,6 @@
 """``python -m devcluster.deviceplugin``: the test device plugin standing in for NVIDIA's.
 
-    python -m devcluster.deviceplugin --kubelet-dir /var/lib/headroom/kubelet \\
+    python -m devcluster.deviceplugin --kubelet-dir /var/lib/kubelet \\
         --node gpu-real-0 --gpus 1 --replicas 4 \\
         --product NVIDIA-A100-SXM4-40GB --memory-mib 40960 --health-port 18080
 
@@ -36,7 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kubelet-dir",
         default="/var/lib/kubelet",
-        help="kubelet's --root-dir; the sockets live in its device-plugins/ (default %(default)s)",
+        help=(
+            "the sockets live in its device-plugins/; kubelet serves registration in "
+            "/var/lib/kubelet whatever its --root-dir (default %(default)s)"
+        ),
     )
     parser.add_argument("--node", required=True, help="node name; fixes the GPU UUIDs")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (default %(default)s)")
