@@ -1,6 +1,6 @@
 """kube.informer against the real apiserver: list, watch, resumed windows, failed watches,
-each over kube.rest (the webhook's) and over the official client's list functions (the
-extender's and the agent's).
+each over kube.rest (the webhook's and the extender's) and over the official client's
+list functions (the agent's); and kube.config's in-cluster credentials.
 
 A real ``410 Gone`` needs etcd to have compacted past the watched version,
 which a young cluster has not done (it replays from any old version instead),
@@ -11,13 +11,16 @@ so the failure path is driven by a version the apiserver refuses outright; a
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
 
 from devcluster.cluster import Cluster
-from kube import informer
+from devcluster.components import NAMESPACE, SERVICE_ACCOUNTS
+from kube import config, informer
 from kube.config import api_client, credentials
 from kube.informer import Informer, Resource
 from kube.rest import Rest
@@ -128,3 +131,27 @@ async def test_a_refused_watch_relists_and_carries_on(
         await until("c seen after the re-list", lambda: f"{ns}/c" in cache.items)
     finally:
         cache.stop()
+
+
+async def test_in_cluster_credentials_reach_the_apiserver_as_the_service_account(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # What a pod sees: KUBERNETES_SERVICE_HOST/PORT, its ServiceAccount's token and
+    # the cluster CA, mounted as files (the webhook's and the extender's path).
+    account = SERVICE_ACCOUNTS["webhook"]
+    token = cluster.kubectl("create", "token", account, "-n", NAMESPACE).stdout.strip()
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "ca.crt").write_bytes((cluster.state.pki / "ca.crt").read_bytes())
+    server = urlsplit(cluster.state.server)
+    environ = {"KUBERNETES_SERVICE_HOST": str(server.hostname),
+               "KUBERNETES_SERVICE_PORT": str(server.port)}  # fmt: skip
+    rest = Rest(config._in_cluster(environ, tmp_path), timeout=10.0)
+    try:
+        namespace = await rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}")
+        secrets = await rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets")
+    finally:
+        await rest.close()
+    assert namespace.status == 200, namespace.message()
+    # Refused as the ServiceAccount, so that is who the token made us.
+    assert secrets.status == 403, secrets.message()
+    assert f"system:serviceaccount:{NAMESPACE}:{account}" in secrets.message()
