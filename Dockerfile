@@ -1,7 +1,11 @@
 # One image for every Headroom component: `headroom webhook|extender|agent|certs`.
 #   docker build -t ghcr.io/headroom-dev/headroom:0.1.0 .
 # Runs as a non-root user and needs no writable root filesystem (Python writes
-# no bytecode at run time; the manifests mount an emptyDir at /tmp).
+# no bytecode at run time; the manifests mount an emptyDir at /tmp). The bytecode
+# is hash-based, not stamped with the sources' mtimes: a COPY between stages may
+# move an mtime, and a stale .pyc makes every start recompile from source (the
+# official client's core_v1_api alone takes ~85 MiB to compile); -f rewrites the
+# timestamped .pyc pip already wrote.
 # BASE: any Python 3.11 image with `python` on PATH; `make image` passes one
 # built here from Debian packages, as no registry is reachable (devcluster/images).
 ARG BASE=python:3.11-slim
@@ -22,7 +26,7 @@ COPY cli cli
 COPY devcluster devcluster
 RUN python -m venv /opt/headroom \
  && /opt/headroom/bin/pip install --constraint requirements/lock.txt . \
- && /opt/headroom/bin/python -m compileall -q /opt/headroom
+ && /opt/headroom/bin/python -m compileall -q -f --invalidation-mode unchecked-hash /opt/headroom
 
 FROM ${BASE}
 COPY --from=build /opt/headroom /opt/headroom

@@ -115,6 +115,30 @@ def test_the_probes_python_is_3_11_and_writes_no_bytecode(headroom: Bundle) -> N
     assert result.stdout.strip() == "(3, 11) True"
 
 
+def test_every_module_loads_from_its_bytecode(headroom: Bundle) -> None:
+    """The bytecode compiled at build time is used at run time. A copy between build
+    stages that moves a source's mtime makes a timestamp-checked .pyc stale, and with
+    no bytecode written (read-only root) every start recompiles from source: the
+    official client's core_v1_api alone took ~85 MiB to compile, so the 128Mi
+    certificates Job was OOM-killed on the real node. Hash-based .pyc do not care."""
+    script = (
+        "import importlib.util, pathlib, sys\n"
+        "root = pathlib.Path(sys.prefix)\n"
+        "bad = []\n"
+        "for source in root.rglob('*.py'):\n"
+        "    cached = pathlib.Path(importlib.util.cache_from_source(str(source)))\n"
+        "    header = cached.read_bytes()[:8] if cached.exists() else b''\n"
+        "    if len(header) < 8 or not int.from_bytes(header[4:8], 'little') & 1:\n"
+        "        bad.append(str(source))\n"
+        "print(len(bad), bad[:5])\n"
+    )
+
+    result = headroom.run("python", "-c", script)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("0 "), result.stdout
+
+
 def test_kube_scheduler_image_is_the_static_binary_alone(scheduler: Bundle) -> None:
     rootfs = scheduler.path / "rootfs"
     files = sorted(str(p.relative_to(rootfs)) for p in rootfs.rglob("*") if not p.is_dir())
