@@ -60,8 +60,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    import subprocess
+
     from devcluster.binaries import BinariesMissing
     from devcluster.cluster import ClusterError, up
+    from devcluster.images import ImageError
+    from devcluster.incluster import InstallError
     from devcluster.kubectl import KubectlError
     from devcluster.nodehost import HostError
     from devcluster.nodes import NodesError
@@ -84,8 +88,11 @@ def run_up(args: argparse.Namespace) -> int:
         KubectlError,
         NodesError,
         ProcessError,
+        ImageError,
+        InstallError,
         TimeoutError,
-        FileNotFoundError,
+        subprocess.TimeoutExpired,
+        OSError,
     ) as err:
         print(f"headroom cluster up: {err}", file=sys.stderr)
         return 1

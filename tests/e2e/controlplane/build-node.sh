@@ -93,8 +93,9 @@ build_pause() {
   fi
   local start=$SECONDS work src
   log "pause:$pause_tag: building $pause_archive ..."
+  # Downloaded first: with kubelet cached, the module cache may have been cleaned.
+  (cd "$here/k8s" && go mod download k8s.io/kubernetes)
   src=$(cd "$here/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
-  [[ -f $src ]] || (cd "$here/k8s" && go mod download k8s.io/kubernetes)
   work=$(mktemp -d)
   # A private buildah store, so nothing is left in (or taken from) the machine's.
   local -a bh=(buildah --root "$work/root" --runroot "$work/runroot" --storage-driver vfs)
