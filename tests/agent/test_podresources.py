@@ -4,8 +4,6 @@ on a unix socket; device ID parsing on plain strings; the stubs match the proto.
 import asyncio
 import contextlib
 import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -27,8 +25,8 @@ from agent.podresources import (
 )
 from agent.podresources import api_pb2 as pb
 from agent.podresources import api_pb2_grpc as pb_grpc
+from tests.stubs import stale_stubs
 
-REPO = Path(__file__).resolve().parents[2]
 GPU0 = "GPU-5f2b9c3e-8d1a-4e7f-b6c2-9a0d1e2f3a4b"
 GPU1 = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
 MIG = "MIG-11111111-2222-3333-4444-555555555555"
@@ -353,24 +351,9 @@ def test_gpu_resources(resource: str, gpu: bool) -> None:
 
 def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
     """The committed stubs are what ``make podresources`` would write now."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{REPO}",
-            f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}",
-            str(REPO / "agent/podresources/api.proto"),
-        ],
-        check=True,
-        cwd=REPO,
-    )
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        fresh = (tmp_path / "agent/podresources" / name).read_text()
-        committed = (REPO / "agent/podresources" / name).read_text()
-        assert committed == fresh, f"agent/podresources/{name} is stale: run make podresources"
+    stale = stale_stubs("agent/podresources/api.proto", tmp_path)
+
+    assert stale == [], f"{', '.join(stale)} stale: run make podresources"
 
 
 def test_the_stubs_speak_kubelets_service_name() -> None:

@@ -38,8 +38,8 @@ from devcluster.deviceplugin.replicas import (
     validate_request,
 )
 from devcluster.state import ClusterState
+from tests.stubs import REPO, stale_stubs
 
-REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-real-0"
 RESOURCE = "nvidia.com/gpu.shared"
 GIB = 1 << 30
@@ -492,24 +492,9 @@ def test_bad_arguments_are_named() -> None:
 
 def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
     """The committed stubs are what ``make deviceplugin`` would write now."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{REPO}",
-            f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}",
-            str(REPO / "devcluster/deviceplugin/api.proto"),
-        ],
-        check=True,
-        cwd=REPO,
-    )
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        fresh = (tmp_path / "devcluster/deviceplugin" / name).read_text()
-        committed = (REPO / "devcluster/deviceplugin" / name).read_text()
-        assert committed == fresh, f"devcluster/deviceplugin/{name} is stale: run make deviceplugin"
+    stale = stale_stubs("devcluster/deviceplugin/api.proto", tmp_path)
+
+    assert stale == [], f"{', '.join(stale)} stale: run make deviceplugin"
 
 
 def test_the_stubs_speak_kubelets_service_names() -> None:

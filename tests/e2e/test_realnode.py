@@ -112,24 +112,35 @@ def test_node_is_ready_with_the_seed_labels_and_a_bridge_address(node_cluster: C
     assert node["status"]["nodeInfo"]["kubeletVersion"] == binaries.KUBERNETES_VERSION
 
 
-def _patch_as_kubelet(cluster: Cluster, node: str) -> tuple[int, str]:
-    """PATCH a label onto ``node`` with kubelet's client certificate. A PATCH needs no
-    read first (kubectl's would GET), so it passes the Node authorizer and meets
-    NodeRestriction, the admission plugin under test."""
+def _request(
+    cluster: Cluster, identity: str, method: str, path: str, body: dict[str, Any], content: str
+) -> tuple[int, str]:
+    """One request to the apiserver with ``identity``'s client certificate (in the
+    cluster's pki), its status and body, errors included."""
     pki = cluster.state.pki
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    context.load_cert_chain(str(pki / "kubelet.crt"), str(pki / "kubelet.key"))
+    context.load_cert_chain(str(pki / f"{identity}.crt"), str(pki / f"{identity}.key"))
     request = urllib.request.Request(
-        f"{cluster.server}/api/v1/nodes/{node}",
-        data=b'{"metadata": {"labels": {"e2e/patched": "yes"}}}',
-        method="PATCH",
-        headers={"Content-Type": "application/merge-patch+json"},
+        f"{cluster.server}{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": content},
     )
     try:
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+
+
+def _patch_as_kubelet(cluster: Cluster, node: str) -> tuple[int, str]:
+    """PATCH a label onto ``node`` with kubelet's client certificate. A PATCH needs no
+    read first (kubectl's would GET), so it passes the Node authorizer and meets
+    NodeRestriction, the admission plugin under test."""
+    body = {"metadata": {"labels": {"e2e/patched": "yes"}}}
+    return _request(
+        cluster, "kubelet", "PATCH", f"/api/v1/nodes/{node}", body, "application/merge-patch+json"
+    )
 
 
 def test_kubelet_credentials_cannot_modify_another_node(node_cluster: Cluster) -> None:
@@ -299,25 +310,13 @@ def test_the_webhooks_disruption_budget_holds_on_eviction(in_cluster: Cluster) -
 
 def _evict(cluster: Cluster, name: str) -> tuple[int, str]:
     """POST an Eviction for ``name`` as the admin, as ``kubectl drain`` does."""
-    pki = cluster.state.pki
-    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
     body = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": incluster.NAMESPACE},
     }
-    request = urllib.request.Request(
-        f"{cluster.server}/api/v1/namespaces/{incluster.NAMESPACE}/pods/{name}/eviction",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=10) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+    path = f"/api/v1/namespaces/{incluster.NAMESPACE}/pods/{name}/eviction"
+    return _request(cluster, "admin", "POST", path, body, "application/json")
 
 
 def _container_pid(pod: dict[str, Any], container: str) -> int:
