@@ -8,7 +8,6 @@ pass by not testing.
 
 import itertools
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,12 +16,12 @@ import pytest
 from devcluster import binaries
 from devcluster.cluster import Cluster, down, up
 from devcluster.kubectl import wait_until
+from tests.e2e.outcomes import progress, skip_or_fail
 
 _names = itertools.count(1)
 
 
-def _progress(message: str) -> None:
-    print(f"[e2e cluster] {message}", file=sys.stderr, flush=True)
+_progress = progress("e2e cluster")
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             f"control-plane binaries missing from {binaries.bin_dir()}: {', '.join(absent)}; "
             f"build them with {binaries.BUILD_SCRIPT} (or `make controlplane`)"
         )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        skip_or_fail(message)
     state_dir: Path = tmp_path_factory.mktemp("cluster")
     started = up(state_dir=state_dir, build=False, progress=_progress)
     try:

@@ -8,7 +8,6 @@ first run builds the images (a few minutes); later runs take the OCI archives
 
 import json
 import os
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -18,34 +17,27 @@ import pytest
 from devcluster import binaries, images
 from devcluster.images import Bundle
 from devcluster.images.tools import ImageError, require
+from tests.e2e.outcomes import progress, skip_or_fail
 
 pytestmark = pytest.mark.e2e
 
 COMPONENTS = ("webhook", "extender", "agent", "certs")
 
 
-def _progress(message: str) -> None:
-    print(f"[images] {message}", file=sys.stderr, flush=True)
-
-
-def _unavailable(reason: str) -> None:
-    # As for the cluster: CI must never pass by not testing.
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+_progress = progress("images")
 
 
 @pytest.fixture(scope="module")
 def built() -> dict[str, Path]:
     if os.geteuid() != 0:
-        _unavailable("building and running images needs root (buildah, debootstrap, runc)")
+        skip_or_fail("building and running images needs root (buildah, debootstrap, runc)")
     try:
         require(["buildah", "debootstrap", "umoci", "runc"], _progress)
         return images.ensure(_progress, build_binaries=False)
     except binaries.BinariesMissing as error:
-        _unavailable(f"kube-scheduler is not built: {error}")
+        skip_or_fail(f"kube-scheduler is not built: {error}")
     except ImageError as error:
-        _unavailable(f"cannot build the images here: {error}")
+        skip_or_fail(f"cannot build the images here: {error}")
     raise AssertionError("unreachable")
 
 

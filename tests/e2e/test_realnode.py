@@ -7,7 +7,6 @@ the reason, where containers cannot run (not root, no runtime, no cgroups).
 
 import ipaddress
 import json
-import os
 import ssl
 import subprocess
 import sys
@@ -25,16 +24,9 @@ from devcluster import binaries, images, incluster, nodehost, realnode
 from devcluster.cluster import Cluster, down, up
 from devcluster.kubectl import Kubectl, wait_until
 from devcluster.state import ClusterState, free_port
+from tests.e2e.outcomes import progress, skip_or_fail
 
-
-def _progress(message: str) -> None:
-    print(f"[e2e real node] {message}", file=sys.stderr, flush=True)
-
-
-def _skip_or_fail(message: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+_progress = progress("e2e real node")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +36,7 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pytest.skip(reason)
     absent = binaries.missing() + realnode.node_binaries().missing()
     if absent:
-        _skip_or_fail(
+        skip_or_fail(
             f"not built: {', '.join(absent)}; run {binaries.BUILD_SCRIPT} and "
             f"{realnode.BUILD_SCRIPT}"
         )
