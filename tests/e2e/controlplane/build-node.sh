@@ -37,25 +37,9 @@ cni_plugins=(
   "portmap github.com/containernetworking/plugins/plugins/meta/portmap"
 )
 
-log() { printf '[node] %s\n' "$*" >&2; }
-
-build() { # module-dir out-dir ldflags "name pkg"...
-  local dir=$1 out=$2 ldflags=$3; shift 3
-  local entry name pkg start
-  for entry in "$@"; do
-    read -r name pkg <<<"$entry"
-    if [[ -x "$out/$name" ]]; then
-      log "$name: cached"
-      continue
-    fi
-    start=$SECONDS
-    log "$name: building $pkg ..."
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w $ldflags" \
-      -o "$out/$name.tmp" "$pkg")
-    mv "$out/$name.tmp" "$out/$name"
-    log "$name: built in $((SECONDS - start))s"
-  done
-}
+log_tag=node
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 
 # Debian packages the node needs: the runtime, the network tools kubelet and the
 # CNI plugins call, and the compiler and image builder for the pause image.
@@ -124,10 +108,7 @@ total=$SECONDS
 ensure_packages
 mkdir -p "$bin" "$cni"
 log "kubelet $k8s_version, CNI plugins $cni_version -> $root"
-minor=${k8s_version#v1.}; minor=${minor%%.*}
-vpkg=k8s.io/component-base/version
-stamp="-X $vpkg.gitVersion=$k8s_version -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-build "$here/k8s" "$bin" "$stamp" "kubelet k8s.io/kubernetes/cmd/kubelet"
+build "$here/k8s" "$bin" "$(k8s_stamp "$k8s_version")" "kubelet k8s.io/kubernetes/cmd/kubelet"
 build "$here/cni" "$cni" "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni_version" \
   "${cni_plugins[@]}"
 build_pause

@@ -26,36 +26,15 @@ kwok_tools=(
   "kwokctl sigs.k8s.io/kwok/cmd/kwokctl"
 )
 
-log() { printf '[controlplane] %s\n' "$*" >&2; }
-
-build() { # module-dir ldflags "name pkg"...
-  local dir=$1 ldflags=$2; shift 2
-  local entry name pkg start
-  for entry in "$@"; do
-    read -r name pkg <<<"$entry"
-    if [[ -x "$bin/$name" ]]; then
-      log "$name: cached"
-      continue
-    fi
-    start=$SECONDS
-    log "$name: building $pkg ..."
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w $ldflags" \
-      -o "$bin/$name.tmp" "$pkg")
-    mv "$bin/$name.tmp" "$bin/$name"
-    log "$name: built in $((SECONDS - start))s"
-  done
-}
+log_tag=controlplane
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 
 command -v go >/dev/null || { log "go is not installed; it is needed to build the control plane"; exit 1; }
 mkdir -p "$bin"
 total=$SECONDS
 log "Kubernetes $k8s_version, KWOK $kwok_version -> $bin"
-# Stamp the release into the binaries, as the upstream build does, so that
-# /version and kubectl's skew checks see v1.x rather than v0.0.0-master.
-minor=${k8s_version#v1.}; minor=${minor%%.*}
-vpkg=k8s.io/component-base/version
-stamp="-X $vpkg.gitVersion=$k8s_version -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-build "$here/k8s" "$stamp" "${k8s_tools[@]}"
-build "$here/kwok" "" "${kwok_tools[@]}"
+build "$here/k8s" "$bin" "$(k8s_stamp "$k8s_version")" "${k8s_tools[@]}"
+build "$here/kwok" "$bin" "" "${kwok_tools[@]}"
 log "ready in $((SECONDS - total))s"
 echo "$bin"
