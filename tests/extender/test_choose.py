@@ -1,0 +1,119 @@
+"""Filter choosing the node (``Extender(choose=True)``, the service's default): one node
+back for a GPU pod, the one prioritize would score highest, so kube-scheduler neither
+scores nor calls prioritize; every node that fits for a pod with soft preferences."""
+
+from typing import Any
+
+import pytest
+
+from extender.verbs import Extender
+from extender.wire import ExtenderArgs, HostPriorityList
+from tests.extender.conftest import Harness
+from tests.extender.objects import gpu_node, gpu_pod
+
+NODES = ["empty", "half", "most", "full"]
+
+
+@pytest.fixture
+def chooser(harness: Harness) -> Extender:
+    """gpu nodes holding 0, 20, 28 and 36 GiB of declared memory (40 GiB GPUs)."""
+    for name, used in (("empty", 0), ("half", 20), ("most", 28), ("full", 36)):
+        harness.state.on_node("ADDED", gpu_node(name))
+        if used:
+            harness.state.on_pod("ADDED", gpu_pod(f"p-{name}", node=name, declared=f"{used}Gi"))
+    harness.extender.choose = True
+    return harness.extender
+
+
+def args(pod: dict[str, Any], nodes: list[str] = NODES) -> ExtenderArgs:
+    return ExtenderArgs(Pod=pod, NodeNames=nodes)
+
+
+def prioritized(extender: Extender, pod: dict[str, Any], nodes: list[str]) -> list[str]:
+    """Every node with the best score prioritize gives."""
+    scores = HostPriorityList.validate_json(extender.prioritize(args(pod, nodes)))
+    best = max(s.Score for s in scores)
+    return [s.Host for s in scores if s.Score == best]
+
+
+def test_binpack_gets_the_fullest_node_that_fits(chooser: Extender) -> None:
+    pod = gpu_pod("new", declared="8Gi")
+
+    result = chooser.filter(args(pod))
+
+    assert result.NodeNames == ["most"]
+    assert "most" in prioritized(chooser, pod, NODES)
+    # The nodes not chosen are left out, not refused: only refusals name a reason.
+    assert set(result.FailedNodes) == {"full"}
+
+
+def test_spread_gets_the_emptiest_node(chooser: Extender) -> None:
+    pod = gpu_pod("new", declared="8Gi", placement="spread")
+
+    result = chooser.filter(args(pod))
+
+    assert result.NodeNames == ["empty"]
+    assert "empty" in prioritized(chooser, pod, NODES)
+
+
+def test_the_choice_is_exact_where_prioritize_rounds_to_a_tie(harness: Harness) -> None:
+    # 8 GiB and 8.5 GiB left on two 40 GiB GPUs: prioritize scores both 10 for binpack.
+    for name, used in (("a", "23.5Gi"), ("b", "23Gi")):
+        harness.state.on_node("ADDED", gpu_node(name))
+        harness.state.on_pod("ADDED", gpu_pod(f"p-{name}", node=name, declared=used))
+    harness.extender.choose = True
+    pod = gpu_pod("new", declared="8Gi")
+
+    assert prioritized(harness.extender, pod, ["b", "a"]) == ["b", "a"]
+    assert harness.extender.filter(args(pod, ["b", "a"])).NodeNames == ["a"]
+
+
+def test_a_node_the_pod_already_holds_is_chosen_again(harness: Harness, chooser: Extender) -> None:
+    pod = gpu_pod("retried", declared="8Gi")
+    harness.state.on_pod("ADDED", pod)
+    claim = harness.state.lookup(pod["metadata"]["uid"], "research", "retried")
+    assert claim is not None
+    assert harness.state.assume(claim, "half").fits  # an earlier bind that may have landed
+
+    assert chooser.filter(args(pod)).NodeNames == ["half"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}},
+        {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}},
+        {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                        "whenUnsatisfiable": "ScheduleAnyway"}]},
+    ],
+    ids=["preferred-node-affinity", "preferred-pod-anti-affinity", "schedule-anyway-spread"],
+)  # fmt: skip
+def test_a_pod_with_soft_preferences_gets_every_node_that_fits(
+    chooser: Extender, spec: dict[str, Any]
+) -> None:
+    pod = gpu_pod("picky", declared="8Gi")
+    pod["spec"].update(spec)
+
+    assert chooser.filter(args(pod)).NodeNames == ["empty", "half", "most"]
+
+
+def test_a_hard_spread_constraint_is_kube_schedulers_filter_and_changes_nothing(
+    chooser: Extender,
+) -> None:
+    pod = gpu_pod("strict", declared="8Gi")
+    pod["spec"]["topologySpreadConstraints"] = [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+    ]
+
+    assert chooser.filter(args(pod)).NodeNames == ["most"]
+
+
+def test_without_choose_every_node_that_fits_is_answered(harness: Harness) -> None:
+    for name in NODES[:2]:
+        harness.state.on_node("ADDED", gpu_node(name))
+    assert harness.extender.choose is False  # the class default; the service turns it on
+
+    assert harness.extender.filter(args(gpu_pod("new"), NODES[:2])).NodeNames == NODES[:2]
