@@ -352,14 +352,20 @@ def _prefers(pod: dict[str, Any] | None) -> bool:
     """Whether the pod states a soft preference only kube-scheduler's scorers weigh:
     preferred node or pod (anti-)affinity, or a ``ScheduleAnyway`` spread constraint.
     Such a pod's filter answers every node that fits, and the scores decide."""
-    spec = (pod or {}).get("spec") or {}
-    affinity = spec.get("affinity") or {}
-    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
-        if (affinity.get(kind) or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
-            return True
-    return any(
-        isinstance(c, dict) and c.get("whenUnsatisfiable") == "ScheduleAnyway"
-        for c in spec.get("topologySpreadConstraints") or ()
+    spec = (pod or {}).get("spec")
+    if not isinstance(spec, dict):
+        return False
+    affinity = spec.get("affinity")
+    if isinstance(affinity, dict):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind)
+            if isinstance(terms, dict) and terms.get(
+                "preferredDuringSchedulingIgnoredDuringExecution"
+            ):
+                return True
+    constraints = spec.get("topologySpreadConstraints")
+    return isinstance(constraints, list) and any(
+        isinstance(c, dict) and c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in constraints
     )
 
 

@@ -117,3 +117,19 @@ def test_without_choose_every_node_that_fits_is_answered(harness: Harness) -> No
     assert harness.extender.choose is False  # the class default; the service turns it on
 
     assert harness.extender.filter(args(gpu_pod("new"), NODES[:2])).NodeNames == NODES[:2]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"affinity": "x"}, {"affinity": {"nodeAffinity": []}}, {"topologySpreadConstraints": {}}],
+    ids=["affinity-not-an-object", "node-affinity-not-an-object", "constraints-not-a-list"],
+)
+def test_odd_shapes_where_preferences_live_are_no_preference(
+    chooser: Extender, spec: dict[str, Any]
+) -> None:
+    pod = gpu_pod("odd", declared="8Gi")
+    pod["spec"].update(spec)
+
+    result = chooser.filter(args(pod))
+
+    assert (result.Error, result.NodeNames) == ("", ["most"])
