@@ -80,6 +80,14 @@ def add_parser(subparsers: Any) -> None:
         "default) bounds where a pod not yet located can be on a many-GPU node; 'unknown' "
         "charges such a pod to every GPU of its node (use it with 'packed' or another plugin)",
     )
+    parser.add_argument(
+        "--choose",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="answer a GPU pod's filter with the one node it scores best on, so kube-scheduler "
+        "skips scoring and the prioritize call (default on; pods with preferred affinity or "
+        "ScheduleAnyway spread always get every node that fits, scored by kube-scheduler)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -97,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler_name=args.scheduler_name,
         advertise_capacity=args.advertise_capacity,
         spread=args.device_plugin_policy == "distributed",
+        choose=args.choose,
     )
     try:
         asyncio.run(serve(settings))

@@ -68,7 +68,7 @@ class Metrics:
         extender.state.observe_watch_lag = watch_lag.observe
         assumed = Gauge(
             "headroom_extender_assumed_pods",
-            "Pods held on a node by a bind not yet seen in the pod cache",
+            "Pods held on a node by a filter or a bind, not yet seen bound in the pod cache",
             registry=self.registry,
         )
         assumed.set_function(lambda: len(extender.state.assumed))

@@ -38,6 +38,8 @@ class Settings:
     advertise_capacity: bool = True
     spread: bool = True
     """Bound unlocated pods by the device plugin's distributed policy (headroom.spread)."""
+    choose: bool = True
+    """Filter answers a GPU pod with the one node it scores best on (Extender._chosen)."""
 
 
 async def _collect_after_sync(caches: Caches) -> None:
@@ -107,6 +109,7 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         scheduler_name=settings.scheduler_name,
         budgets=budgets,
         offers=Offers(api_recorder(calls)),
+        choose=settings.choose,
     )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()
