@@ -1,6 +1,8 @@
 """Objects the e2e tests create, and how they read the cluster back."""
 
-from collections.abc import Callable
+import json
+import urllib.request
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from devcluster.cluster import Cluster
@@ -145,13 +147,19 @@ def placement(cluster: Cluster, namespace: str) -> str:
 
 
 def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120) -> None:
-    """Until ``total`` pods exist, and each is Running or has a FailedScheduling event."""
+    """Until ``total`` pods exist, and each is Running, or unbound with a FailedScheduling event.
+
+    A bound pod that is not Running yet is not settled, whatever events it has:
+    a pod refused once may be bound a moment later, when room frees up.
+    """
 
     def settled() -> bool:
         items = pods(cluster, namespace)
         if len(items) < total:
             return False
-        waiting = {p["metadata"]["name"] for p in items if p["status"].get("phase") != "Running"}
+        if any(p["spec"].get("nodeName") and p["status"].get("phase") != "Running" for p in items):
+            return False
+        waiting = {p["metadata"]["name"] for p in unscheduled(items)}
         return waiting <= set(failed_scheduling(cluster, namespace))
 
     eventually(
@@ -159,6 +167,40 @@ def settle(cluster: Cluster, namespace: str, *, total: int, timeout: float = 120
         settled,
         timeout=timeout,
         explain=lambda: placement(cluster, namespace),
+    )
+
+
+def extender_state(cluster: Cluster) -> dict[str, Any]:
+    """The extender's /state: its accounting, node by node."""
+    url = f"http://127.0.0.1:{cluster.ports['extender']}/state"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        state: dict[str, Any] = json.load(response)
+    return state
+
+
+def charged(cluster: Cluster, nodes: Iterable[str]) -> dict[str, int]:
+    """Node -> bytes the extender still charges on its GPUs (declared or measured), or
+    holds for binds it has not seen land; only the nodes that are not idle."""
+    state = extender_state(cluster)
+    held = {node for holds in state["assumed"].values() for node in holds}
+    result = {}
+    for node in nodes:
+        gpus = state["nodes"].get(node, {}).get("gpus", [])
+        total = sum(gpu["accounted"] for gpu in gpus)
+        if total or node in held or any(gpu["pods"] for gpu in gpus):
+            result[node] = total
+    return result
+
+
+def wait_idle(cluster: Cluster, nodes: Iterable[str], *, timeout: float = 90) -> None:
+    """Until the extender charges nothing on ``nodes``: earlier tests' pods, deleted,
+    keep counting until the agent reports them gone (charge more, never less)."""
+    nodes = list(nodes)
+    eventually(
+        f"the extender to charge nothing on {', '.join(nodes)}",
+        lambda: not charged(cluster, nodes),
+        timeout=timeout,
+        explain=lambda: f"still charged (bytes): {charged(cluster, nodes)}",
     )
 
 
