@@ -381,6 +381,31 @@ def configure(cluster: Cluster, scheduler: str, without: tuple[str, ...] = ()) -
     path.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
+def cpu_seconds(cluster: Cluster) -> dict[str, float]:
+    """Component -> CPU seconds (user + system) its process group has used so far.
+
+    Read from /proc (Linux), children a process has waited for included; a
+    process that has exited is not counted, so a scheduler restarted for a
+    round counts from its start. On a machine whose
+    cores the storm saturates, the rate follows the CPU each pod costs; this
+    says which process spends it.
+    """
+    groups = {c.pid: name for name, c in cluster.components.items() if c.pid}
+    used = dict.fromkeys(groups.values(), 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # exited while we looked
+            continue
+        # After "pid (comm)": state ppid pgrp ... utime stime cutime cstime (fields 3,
+        # 4, 5, 14-17 of proc_pid_stat(5)).
+        name = groups.get(int(fields[2]))
+        if name is not None:
+            used[name] += sum(int(f) for f in fields[11:15]) / tick
+    return used
+
+
 def phase(
     cluster: Cluster, label: str, namespace: str, scheduler: str, objects: list[dict[str, Any]],
     target: int, stall: float, without: tuple[str, ...] = (),
@@ -392,9 +417,13 @@ def phase(
     # Timed from the restart: process start and lease acquisition count for both
     # schedulers alike, and pods bind while start() still waits for readiness.
     watch = BindWatch(cluster, namespace)
+    before = cpu_seconds(cluster)
     started = time.monotonic()
     cluster.start(scheduler)
     count, first, last = watch.wait(target, stall, started)
+    after = cpu_seconds(cluster)
+    cpu = {name: round(used - before.get(name, 0.0), 2) for name, used in after.items()}
+    cpu = {name: used for name, used in sorted(cpu.items()) if used > 0}
     steady = last - first
     return {
         "bound": count,
@@ -405,6 +434,8 @@ def phase(
         # process start and lease acquisition that both schedulers pay alike.
         "steady_pods_per_s": round((count - 1) / steady, 2) if steady > 0 else 0.0,
         "create_s": round(create_s, 2),
+        "cpu_s": cpu,
+        "cpu_ms_per_pod": round(1000 * sum(cpu.values()) / count, 2) if count else 0.0,
     }
 
 
@@ -501,6 +532,15 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         "fit_fraction": round(bound_least / fits, 3) if fits else 0.0,
         "overcommitted_gpus": max(r["overcommitted_gpus"] for r in headroom_rounds),
         "over_slots_nodes": max(r["over_slots_nodes"] for r in headroom_rounds),
+        # CPU the whole cluster spent per bound pod, in the median round: the cost
+        # a CPU-bound machine turns into the rate, less noisy than the rate.
+        "stock_cpu_ms_per_pod": stock["cpu_ms_per_pod"],
+        "headroom_cpu_ms_per_pod": headroom["cpu_ms_per_pod"],
+        "cpu_ratio": round(headroom["cpu_ms_per_pod"] / stock["cpu_ms_per_pod"], 3)
+        if stock["cpu_ms_per_pod"]
+        else 0.0,
+        "stock_cpu_s": stock["cpu_s"],
+        "headroom_cpu_s": headroom["cpu_s"],
         "stock_rounds_pods_per_s": [r["pods_per_s"] for r in stock_rounds],
         "headroom_rounds_pods_per_s": [r["pods_per_s"] for r in headroom_rounds],
         "load_average": os.getloadavg()[0],
@@ -561,7 +601,10 @@ def main() -> int:
         f"ratio {result['ratio']}; over-committed GPUs {result['overcommitted_gpus']}\n"
         f"first binding to last: stock {result['stock_steady_pods_per_s']} pods/s, "
         f"headroom {result['headroom_steady_pods_per_s']} pods/s; "
-        f"ratio {result['steady_ratio']}"
+        f"ratio {result['steady_ratio']}\n"
+        f"CPU per pod: stock {result['stock_cpu_ms_per_pod']} ms {result['stock_cpu_s']}, "
+        f"headroom {result['headroom_cpu_ms_per_pod']} ms {result['headroom_cpu_s']}; "
+        f"ratio {result['cpu_ratio']}"
     )
     print(json.dumps(result))
     return 0

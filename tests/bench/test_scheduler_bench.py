@@ -2,6 +2,7 @@
 which round it reports. The storm itself is a benchmark (bench/scheduler_bench.py)."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -77,3 +78,34 @@ def test_the_median_round_is_reported_with_its_own_figures(bench: ModuleType) ->
     assert bench._median_round(rounds) == {"pods_per_s": 300.0, "seconds": 3.3}
     # An even count reports the slower middle round, never a flattering average.
     assert bench._median_round(rounds[:2])["pods_per_s"] == 250.0
+
+
+def test_cpu_is_counted_per_component_over_its_whole_process_group(bench: ModuleType) -> None:
+    # A component whose work is done by a child it started, as a shell wrapper's is.
+    work = "sum(i * i for i in range(10_000_000))"
+    wrapper = (
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', {work!r}]); "
+        "print('done', flush=True)"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", f"{wrapper}; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as leader:
+        try:
+            assert leader.stdout is not None
+            assert leader.stdout.readline().strip() == "done"
+            cluster = SimpleNamespace(
+                components={
+                    "busy": SimpleNamespace(pid=leader.pid),
+                    "stopped": SimpleNamespace(pid=None),
+                }
+            )
+            # The child has exited, its CPU reaped into the leader's: still counted.
+            used = bench.cpu_seconds(cluster)
+            assert set(used) == {"busy"}
+            assert used["busy"] > 0.3, used  # the child's work, not the leader's start
+        finally:
+            leader.kill()
