@@ -17,7 +17,15 @@ import yaml
 from devcluster.cluster import Cluster
 from headroom.reports import CONDITION_NVML_AVAILABLE
 from tests.e2e.conftest import NamespaceFactory
-from tests.e2e.workloads import GIB, eventually, gpu_deployment, pods, running, settle
+from tests.e2e.workloads import (
+    GIB,
+    eventually,
+    gpu_deployment,
+    pods,
+    running,
+    settle,
+    wait_idle,
+)
 
 NODE = "a100-shared-1"
 
@@ -44,6 +52,7 @@ def write(cluster: Cluster, report: dict[str, Any]) -> None:
 def test_nvml_unavailable_stale_and_forged_reports_keep_headroom(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:
+    wait_idle(cluster, [NODE])  # an earlier test's pods there would refuse this one
     ns = namespace("gpu-shared")
     selector = {"kubernetes.io/hostname": NODE}
     cluster.apply([gpu_deployment(ns, "leaky", replicas=1, memory="6Gi", node_selector=selector)])
