@@ -197,3 +197,52 @@ def test_a_pod_with_soft_preferences_is_not_held_anywhere(
     chooser.filter(args(pod))
 
     assert harness.state.assumed == {}
+
+
+async def test_a_pod_held_at_filter_and_offered_elsewhere_is_charged_once_and_bound_there(
+    harness: Harness, chooser: Extender
+) -> None:
+    """The storm: kube-scheduler's own filters drop the held node on a retry. The answer
+    is another node, not held a second time while the first hold may still be a bind
+    in flight; the bind there reads the pod unbound, lands, and ends the first hold."""
+    pod = gpu_pod("moved", declared="8Gi")
+    harness.state.on_pod("ADDED", pod)
+    harness.reader.put(pod)
+    uid = pod["metadata"]["uid"]
+    assert chooser.filter(args(pod)).NodeNames == ["most"]
+
+    assert chooser.filter(args(pod, ["empty", "half"])).NodeNames == ["half"]
+    assert set(harness.state.assumed[uid]) == {"most"}
+
+    result = await chooser.bind(
+        ExtenderBindingArgs(PodName="moved", PodNamespace="research", PodUID=uid, Node="half")
+    )
+    assert result.Error == ""
+    assert harness.binder.calls == [("research", "moved", uid, "half")]
+    assert set(harness.state.assumed[uid]) == {"half"}
+
+
+async def test_a_bind_that_times_out_keeps_the_filters_hold(
+    harness: Harness, chooser: Extender
+) -> None:
+    """The storm: no answer from the apiserver may mean the binding landed. The room
+    stays taken, the next pod goes elsewhere, and a read that fails releases nothing."""
+    first, second = gpu_pod("slow", declared="8Gi"), gpu_pod("next", declared="8Gi")
+    for pod in (first, second):
+        harness.state.on_pod("ADDED", pod)
+        harness.reader.put(pod)
+    uid = first["metadata"]["uid"]
+    assert chooser.filter(args(first)).NodeNames == ["most"]
+    harness.binder.fail_with, harness.binder.uncertain = "read timeout", True
+
+    result = await chooser.bind(
+        ExtenderBindingArgs(PodName="slow", PodNamespace="research", PodUID=uid, Node="most")
+    )
+
+    assert "read timeout" in result.Error
+    assert set(harness.state.assumed[uid]) == {"most"}
+    assert chooser.filter(args(second)).NodeNames == ["half"]
+    harness.reader.fail = True
+    harness.clock.now += harness.state.verify_after + 1
+    assert await chooser.verify_due() == 0
+    assert set(harness.state.assumed[uid]) == {"most"}
