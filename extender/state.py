@@ -80,6 +80,8 @@ class ClusterState:
         self.assumed: dict[str, dict[str, tuple[PodClaim, float]]] = {}
         """UID -> node -> (claim on that node, since when) for binds not yet seen in the cache."""
         self._on_node: dict[str, dict[str, PodClaim]] = {}
+        self._assumed_on: dict[str, dict[str, PodClaim]] = {}
+        """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
         self._accounts: dict[str, NodeAccount] = {}
         self.shared_headroom: dict[str, int] = {}
         """Node -> headroom for a shared pod, for every cached account: the filter's index."""
@@ -156,7 +158,7 @@ class ClusterState:
 
     def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
         try:
-            claim = parse_claim(obj)
+            claim = parse_claim(obj, self.known(obj))
         except PodError as err:
             log.warning("pod %s ignored: %s", _pod_key(obj), err)
             return
@@ -164,6 +166,12 @@ class ClusterState:
             return
         if kind == "DELETED" or claim.terminated or not self._interesting(claim, obj):
             self._drop(claim.uid)
+            return
+        if self.pods.get(claim.uid) == claim and claim.uid not in self.assumed:
+            # Nothing an account reads has changed (kubelet's status: Running,
+            # conditions, IPs): the account stays valid. Most of a storm's events.
+            if claim.nominated and not claim.node:
+                self.on_nominated(claim)
             return
         self._drop(claim.uid, keep_pending=True)
         self.pods[claim.uid] = claim
@@ -283,12 +291,17 @@ class ClusterState:
         """Pods bound to ``node`` by the cache, then pods assumed there."""
         bound = self._on_node.get(node, {})
         yield from bound.values()
-        for uid, holds in self.assumed.items():
-            held = holds.get(node)
-            if held is not None and uid not in bound:
-                yield held[0]
+        for uid, held in self._assumed_on.get(node, {}).items():
+            if uid not in bound:
+                yield held
 
     # --- binding ------------------------------------------------------------
+
+    def known(self, pod: Mapping[str, Any]) -> PodClaim | None:
+        """The cached claim of the pod with this object's UID, from the pod watch only."""
+        metadata = pod.get("metadata")
+        uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+        return self.pods.get(uid) if isinstance(uid, str) else None
 
     def remember(self, claim: PodClaim) -> None:
         """Keep a pod seen in a filter request, in case its bind outruns the pod watch."""
@@ -335,8 +348,7 @@ class ClusterState:
             return Fit(False, f"node {node} is not in the extender's cache")
         verdict = fit(account, claim)
         if verdict.fits:
-            self.assumed.setdefault(claim.uid, {})[node] = (replace(claim, node=node), self.clock())
-            self._touch(node)
+            self._hold(claim, node)
         return verdict
 
     def hold(self, claim: PodClaim, node: str) -> None:
@@ -352,8 +364,7 @@ class ClusterState:
             if where != node:
                 self.forget(claim.uid, where)
         if node not in self.assumed.get(claim.uid, {}):
-            self.assumed.setdefault(claim.uid, {})[node] = (replace(claim, node=node), self.clock())
-            self._touch(node)
+            self._hold(claim, node)
 
     def forget(self, uid: str, node: str | None = None) -> None:
         """End the pod's assumptions: all of them, or only the one on ``node``."""
@@ -363,6 +374,10 @@ class ClusterState:
         cached = self.pods.get(uid)
         for where in [node] if node is not None else list(holds):
             if holds.pop(where, None) is not None:
+                on_node = self._assumed_on[where]
+                del on_node[uid]
+                if not on_node:
+                    del self._assumed_on[where]
                 self._touch(where)
                 if cached is None or cached.node != where:
                     self.on_room(where)
@@ -370,6 +385,12 @@ class ClusterState:
             del self.assumed[uid]
 
     # --- internals ----------------------------------------------------------
+
+    def _hold(self, claim: PodClaim, node: str) -> None:
+        held = replace(claim, node=node)
+        self.assumed.setdefault(claim.uid, {})[node] = (held, self.clock())
+        self._assumed_on.setdefault(node, {})[claim.uid] = held
+        self._touch(node)
 
     def _interesting(self, claim: PodClaim, obj: Mapping[str, Any]) -> bool:
         return claim.wants_gpu or has_headroom_annotations(obj)

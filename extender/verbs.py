@@ -113,7 +113,7 @@ class Extender:
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         try:
-            claim = _claim(args)
+            claim = _claim(args, self.state)
             candidates = _candidates(args)
         except CandidateError as err:
             return ExtenderFilterResult(NodeNames=[], Error=str(err))
@@ -184,7 +184,12 @@ class Extender:
 
             if spread:
                 return max(passed, key=left)
-            return min(passed, key=lambda name: (left(name) < 0, left(name)))
+
+            def tightest(name: str) -> tuple[bool, float]:  # the least left, nodes that fit first
+                share = left(name)
+                return share < 0, share
+
+            return min(passed, key=tightest)
         accounts = state.accounts()
         scores = [0 if (a := accounts.get(name)) is None else score(a, claim) for name in passed]
         return passed[scores.index(max(scores))]
@@ -207,7 +212,7 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The HostPriorityList (JSON) for every candidate; raises CandidateError if malformed."""
-        claim = _claim(args)
+        claim = _claim(args, self.state)
         names = _candidates(args).names
         if not claim.wants_gpu or claim.problem or not self.ready():
             return json_array(host_priority_item(name, 0) for name in names)
@@ -299,7 +304,7 @@ class Extender:
         seen = self.state.pods.get(claim.uid)
         if seen is not None and not seen.node:  # the watch has not shown it yet: time it
             self.state.bound_at[claim.uid] = self.state.clock()
-        log.info("bound %s to %s", key, node)
+        log.debug("bound %s to %s", key, node)  # kube-scheduler records the Scheduled event
         return ExtenderBindingResult()
 
     def _refusal(self, claim: PodClaim) -> str:
@@ -377,11 +382,11 @@ def _prefers(pod: dict[str, Any] | None) -> bool:
     )
 
 
-def _claim(args: ExtenderArgs) -> PodClaim:
+def _claim(args: ExtenderArgs, state: ClusterState) -> PodClaim:
     if args.Pod is None:
         raise CandidateError("Pod: missing (null)")
     try:
-        return parse_claim(args.Pod)
+        return parse_claim(args.Pod, state.known(args.Pod))
     except PodError as err:
         raise CandidateError(f"Pod.{err}") from err
 

@@ -96,9 +96,18 @@ class PodClaim:
         return human_bytes(self.need)
 
 
-def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
-    """The claim of a Pod (JSON dict); raises PodError naming a malformed field."""
+def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodClaim:
+    """The claim of a Pod (JSON dict); raises PodError naming a malformed field.
+
+    ``earlier``: a claim parsed before from the pod with this UID, if any. Its
+    resource figures (shared, MIG, declared) and creation time are kept rather
+    than read again: a pod's extended resources cannot change after creation
+    (in-place resize is for CPU and memory only) and a UID is never reused, so
+    a watch event or a filter request about a known pod only needs its
+    metadata, ``spec.nodeName`` and status read -- most of a storm's parsing.
+    """
     metadata = mapping(pod, "metadata", "metadata")
+    uid = _text(metadata.get("uid"))
     annotations = string_map(metadata, "annotations", "metadata.annotations")
     spec = mapping(pod, "spec", "spec")
     status = mapping(pod, "status", "status")
@@ -115,6 +124,43 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
     if not isinstance(nominated, str):
         raise PodError("status.nominatedNodeName: expected a string")
 
+    if earlier is not None and uid and earlier.uid == uid:
+        shared, mig, declared = earlier.shared, earlier.mig, earlier.declared
+        created = earlier.created
+    else:
+        shared, mig, declared = _resources(pod)
+        created = _epoch(metadata.get("creationTimestamp"))
+
+    problem = ""
+    placement: Placement = DEFAULT_PLACEMENT
+    wanted = annotations.get(names.ANNOTATION_PLACEMENT)
+    if wanted == "spread":
+        placement = "spread"
+    elif wanted not in (None, "binpack"):
+        problem = (
+            f"annotation {names.ANNOTATION_PLACEMENT}={shown(wanted)} is not binpack or spread"
+        )
+    return PodClaim(
+        uid=uid,
+        namespace=_text(metadata.get("namespace")),
+        name=_text(metadata.get("name")) or _text(metadata.get("generateName")),
+        node=node,
+        shared=shared,
+        mig=mig,
+        declared=declared,
+        placement=placement,
+        scheduler=scheduler,
+        terminated=status.get("phase") in TERMINATED_PHASES,
+        problem=problem,
+        priority=priority,
+        labels=string_map(metadata, "labels", "metadata.labels"),
+        nominated=nominated,
+        created=created,
+    )
+
+
+def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None]:
+    """Effective shared replicas, MIG slices by profile, and declared bytes (None: none)."""
     app: dict[str, int] = {}
     init: dict[str, int] = {}
 
@@ -138,33 +184,7 @@ def parse_claim(pod: Mapping[str, Any]) -> PodClaim:
         profile = profile_from_resource(resource)
         if profile is not None:
             mig[profile] = count
-
-    problem = ""
-    placement: Placement = DEFAULT_PLACEMENT
-    wanted = annotations.get(names.ANNOTATION_PLACEMENT)
-    if wanted == "spread":
-        placement = "spread"
-    elif wanted not in (None, "binpack"):
-        problem = problem or (
-            f"annotation {names.ANNOTATION_PLACEMENT}={shown(wanted)} is not binpack or spread"
-        )
-    return PodClaim(
-        uid=_text(metadata.get("uid")),
-        namespace=_text(metadata.get("namespace")),
-        name=_text(metadata.get("name")) or _text(metadata.get("generateName")),
-        node=node,
-        shared=effective.get(names.GPU_SHARED, 0),
-        mig=mig,
-        declared=declared,
-        placement=placement,
-        scheduler=scheduler,
-        terminated=status.get("phase") in TERMINATED_PHASES,
-        problem=problem,
-        priority=priority,
-        labels=string_map(metadata, "labels", "metadata.labels"),
-        nominated=nominated,
-        created=_epoch(metadata.get("creationTimestamp")),
-    )
+    return effective.get(names.GPU_SHARED, 0), mig, declared
 
 
 def has_headroom_annotations(pod: Mapping[str, Any]) -> bool:

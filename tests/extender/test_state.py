@@ -1,5 +1,6 @@
 """The cluster state: informer events, cached accounts, staleness over time, assumptions."""
 
+import random
 from datetime import timedelta
 
 from extender.state import ClusterState
@@ -263,3 +264,59 @@ def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> 
     eight_gpu_node_with(state, 4)
     assert tightest(state) == 40 * GIB - 4 * 8 * GIB - MARGIN
     assert headroom(state) == tightest(state)
+
+
+def test_claims_on_a_node_match_the_assumptions_through_any_sequence() -> None:
+    # claims_on reads holds through a by-node index; through random holds,
+    # releases, binds seen by the watch and deletions it must always name
+    # exactly the pods bound there plus those held there and not bound there.
+    state, _ = fresh_state()
+    nodes = ["gpu-a", "gpu-b", "gpu-c"]
+    for name in nodes:
+        state.on_node("ADDED", gpu_node(name, memory_mib=800 * 1024))
+    pods = [gpu_pod(f"p{i}", declared="1Gi") for i in range(6)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    rng = random.Random(8)
+    for _ in range(2000):
+        pod, node = rng.choice(pods), rng.choice(nodes)
+        claim = state.lookup(uid_of(pod), "research", pod["metadata"]["name"])
+        action = rng.randrange(6)
+        if claim is None:
+            state.on_pod("ADDED", pod)
+        elif action == 0:
+            state.assume(claim, node, also=rng.random() < 0.5)
+        elif action == 1:
+            state.hold(claim, node)
+        elif action == 2:
+            state.forget(claim.uid, node if rng.random() < 0.5 else None)
+        elif action == 3:
+            state.on_pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": node}})
+        elif action == 4:
+            state.on_pod("DELETED", pod)
+        else:
+            state.on_pod("ADDED", pod)
+        for name in nodes:
+            bound = {c.uid for c in state.pods.values() if c.node == name}
+            held = {uid for uid, holds in state.assumed.items() if name in holds}
+            assert sorted(c.uid for c in state.claims_on(name)) == sorted(bound | held)
+
+
+def test_a_status_only_update_keeps_the_nodes_account() -> None:
+    # kubelet's updates (Running, conditions, IPs) change nothing an account reads:
+    # recomputing the node's account for each would be most of a storm's work.
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    pod = gpu_pod("p", node="gpu-a", declared="10Gi")
+    state.on_pod("ADDED", pod)
+    before = state.account("gpu-a")
+    assert before is not None
+    running = {**pod, "status": {"phase": "Running", "podIP": "10.0.0.7"}}
+    state.on_pod("MODIFIED", running)
+    assert state.account("gpu-a") is before
+    # What an account does read still counts: a deletion, or the pod ending.
+    state.on_pod("MODIFIED", {**running, "status": {"phase": "Succeeded"}})
+    after = state.account("gpu-a")
+    assert after is not before
+    assert after is not None
+    assert after.shared_headroom == before.shared_headroom + 10 * GIB

@@ -118,3 +118,27 @@ def test_terminated_pod() -> None:
 def test_malformed_pod_raises_pod_error(pod: dict[str, object]) -> None:
     with pytest.raises(PodError):
         parse_claim(pod)
+
+
+def test_a_known_pod_keeps_its_resource_figures_and_rereads_the_rest() -> None:
+    # A pod's extended resources cannot change, so a later event about the same
+    # UID reuses them; what can change (node, phase, placement, labels) is read.
+    first = parse_claim(gpu_pod("p", declared="10Gi", uid="u-1"))
+    later = gpu_pod("p", declared="10Gi", uid="u-1", node="gpu-a", phase="Running")
+    later["metadata"]["annotations"]["headroom.dev/placement"] = "spread"
+    later["metadata"]["labels"] = {"team": "a"}
+    reused = parse_claim(later, first)
+    assert reused == parse_claim(later)
+    assert (reused.node, reused.placement, reused.labels) == ("gpu-a", "spread", {"team": "a"})
+    # The figures really come from the earlier claim: a body that disagrees is not read.
+    forged = gpu_pod("p", declared="1Mi", uid="u-1")
+    assert parse_claim(forged, first).declared == 10 * 2**30
+
+
+def test_an_earlier_claim_of_another_uid_is_not_reused() -> None:
+    first = parse_claim(gpu_pod("p", declared="10Gi", uid="u-1"))
+    recreated = gpu_pod("p", declared="20Gi", uid="u-2")
+    assert parse_claim(recreated, first).declared == 20 * 2**30
+    no_uid = gpu_pod("p", declared="20Gi", uid="u-1")
+    no_uid["metadata"]["uid"] = ""
+    assert parse_claim(no_uid, first).declared == 20 * 2**30
