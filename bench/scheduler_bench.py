@@ -25,7 +25,8 @@ rate is in the JSON). Both schedulers run with client rate limits far above
 what they reach (:data:`UNTHROTTLED`), so the floor is kube-scheduler's work,
 not its rate limiter. ``--without prioritize`` / ``--without bind`` are
 experiments: they leave that verb out of headroom-scheduler's configuration,
-to measure what each round trip costs.
+to measure what each round trip costs. ``--nodes-to-score PERCENT`` is a
+tuning experiment: headroom-scheduler's ``percentageOfNodesToScore``.
 
 "Fits by memory" is the bound a perfect packer reaches: per GPU
 ``min(replicas, floor((memory - margin) / declared))`` pods. The over-commit
@@ -368,13 +369,21 @@ VERBS = ("prioritize", "bind")
 """Extender verbs ``--without`` may leave out of headroom-scheduler's configuration."""
 
 
-def configure(cluster: Cluster, scheduler: str, without: tuple[str, ...] = ()) -> None:
-    """Raise ``scheduler``'s client rate limits (:data:`UNTHROTTLED`) and drop the
-    extender verbs ``without`` from its configuration file; it reads it when it
+def configure(
+    cluster: Cluster,
+    scheduler: str,
+    without: tuple[str, ...] = (),
+    nodes_to_score: int | None = None,
+) -> None:
+    """Raise ``scheduler``'s client rate limits (:data:`UNTHROTTLED`), drop the
+    extender verbs ``without`` from its configuration file, and set its
+    ``percentageOfNodesToScore`` if ``nodes_to_score``; it reads the file when it
     next starts."""
     path = cluster.state.config / f"{scheduler}.yaml"
     document = yaml.safe_load(path.read_text())
     document.setdefault("clientConnection", {}).update(UNTHROTTLED)
+    if nodes_to_score is not None:
+        document["percentageOfNodesToScore"] = nodes_to_score
     for extender in document.get("extenders") or []:
         for verb in without:
             extender.pop(f"{verb}Verb", None)
@@ -408,10 +417,10 @@ def cpu_seconds(cluster: Cluster) -> dict[str, float]:
 
 def phase(
     cluster: Cluster, label: str, namespace: str, scheduler: str, objects: list[dict[str, Any]],
-    target: int, stall: float, without: tuple[str, ...] = (),
+    target: int, stall: float, without: tuple[str, ...] = (), nodes_to_score: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     cluster.stop(scheduler)
-    configure(cluster, scheduler, without)
+    configure(cluster, scheduler, without, nodes_to_score)
     create_s = create_pods(cluster, objects)
     _progress(f"{label}: {len(objects)} pods created in {create_s:.1f}s; starting {scheduler}")
     # Timed from the restart: process start and lease acquisition count for both
@@ -478,7 +487,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         label = f"headroom {round_ + 1}/{args.rounds}"
         result = phase(
             cluster, label, "bench-headroom", "headroom-scheduler", headroom_objects, fits,
-            args.stall, tuple(args.without),
+            args.stall, tuple(args.without), args.nodes_to_score,
         )  # fmt: skip
         bound = bound_pods(cluster, "bench-headroom")
         result["overcommitted_gpus"], result["over_slots_nodes"] = overcommitted(
@@ -513,6 +522,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         "memory": args.memory,
         "rounds": args.rounds,
         "without": list(args.without),
+        "nodes_to_score": args.nodes_to_score,
         "stock_bound": min(r["bound"] for r in stock_rounds),
         "stock_seconds": stock["seconds"],
         "stock_pods_per_s": stock["pods_per_s"],
@@ -581,6 +591,12 @@ def main() -> int:
         help="an experiment, not a configuration to run: leave this extender verb out of "
         "headroom-scheduler's configuration (prioritize: kube-scheduler's scores alone; "
         "bind: kube-scheduler binds, and the extender's race guard is gone); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nodes-to-score", type=int, metavar="PERCENT",
+        help="a tuning experiment: headroom-scheduler's percentageOfNodesToScore (default: "
+        "kube-scheduler's adaptive one, as shipped; it finds at least 100 feasible nodes "
+        "whatever the percentage, and the extender chooses among those)",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()

@@ -55,6 +55,20 @@ def test_the_floor_is_not_held_to_the_local_clusters_client_limits(
     assert document["clientConnection"]["kubeconfig"] == str(tmp_path / "kubeconfig")
     extender = document["extenders"][0]
     assert (extender["prioritizeVerb"], extender["bindVerb"]) == ("prioritize", "bind")
+    # As shipped: kube-scheduler's adaptive share of nodes unless the run asks for one.
+    assert "percentageOfNodesToScore" not in document
+
+
+def test_nodes_to_score_sets_only_that_schedulers_percentage(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    cluster, path = headroom_scheduler(tmp_path)
+
+    bench.configure(cluster, "headroom-scheduler", nodes_to_score=10)
+
+    document = yaml.safe_load(path.read_text())
+    assert document["percentageOfNodesToScore"] == 10
+    assert document["extenders"][0]["bindVerb"] == "bind"
 
 
 def test_without_leaves_only_the_named_verbs_out(bench: ModuleType, tmp_path: Path) -> None:
