@@ -246,3 +246,21 @@ async def test_a_bind_that_times_out_keeps_the_filters_hold(
     harness.clock.now += harness.state.verify_after + 1
     assert await chooser.verify_due() == 0
     assert set(harness.state.assumed[uid]) == {"most"}
+
+
+def test_a_filter_body_cannot_shrink_a_known_pods_declaration(
+    harness: Harness, chooser: Extender
+) -> None:
+    # The pod watch saw the pod declare 10Gi; a request body naming its UID with
+    # 1Mi (forged, or a copy that disagrees) is not read for the figures, so the
+    # pod is not chosen onto the 4 GiB left on "full".
+    pod = gpu_pod("known", declared="10Gi")
+    harness.state.on_pod("ADDED", pod)
+    forged = gpu_pod("known", declared="1Mi", uid=pod["metadata"]["uid"])
+
+    result = chooser.filter(args(forged))
+
+    assert result.NodeNames == ["most"]
+    assert "full" in result.FailedNodes
+    held = harness.state.assumed[pod["metadata"]["uid"]]["most"][0]
+    assert held.declared == 10 * 2**30
