@@ -167,9 +167,10 @@ class ClusterState:
         if kind == "DELETED" or claim.terminated or not self._interesting(claim, obj):
             self._drop(claim.uid)
             return
-        if self.pods.get(claim.uid) == claim and claim.uid not in self.assumed:
+        if self.pods.get(claim.uid) == claim:
             # Nothing an account reads has changed (kubelet's status: Running,
             # conditions, IPs): the account stays valid. Most of a storm's events.
+            # No hold waits on it either: a pod the cache has bound is never held.
             if claim.nominated and not claim.node:
                 self.on_nominated(claim)
             return

@@ -320,3 +320,30 @@ def test_a_status_only_update_keeps_the_nodes_account() -> None:
     assert after is not before
     assert after is not None
     assert after.shared_headroom == before.shared_headroom + 10 * GIB
+
+
+def test_a_status_only_update_changes_no_hold() -> None:
+    # on_pod skips an event whose claim equals the cached one. That is safe for
+    # holds because a pod the cache has bound is never held (assume and hold
+    # both refuse), and an unbound pod's hold must outlive such events: kube-
+    # scheduler writes PodScheduled conditions while the pod waits.
+    state, _ = fresh_state()
+    for name in ("gpu-a", "gpu-b"):
+        state.on_node("ADDED", gpu_node(name))
+    waiting = gpu_pod("w", declared="10Gi")
+    state.on_pod("ADDED", waiting)
+    claim = state.pods[uid_of(waiting)]
+    assert state.assume(claim, "gpu-a").fits
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    status = {"phase": "Pending", "conditions": [unschedulable]}
+    state.on_pod("MODIFIED", {**waiting, "status": status})
+    assert list(state.assumed[uid_of(waiting)]) == ["gpu-a"]
+    assert [c.uid for c in state.claims_on("gpu-a")] == [uid_of(waiting)]
+
+    bound = gpu_pod("b", node="gpu-a", declared="10Gi")
+    state.on_pod("ADDED", bound)
+    claim = state.pods[uid_of(bound)]
+    assert not state.assume(claim, "gpu-b").fits
+    state.hold(claim, "gpu-b")
+    assert uid_of(bound) not in state.assumed
+    assert list(state.claims_on("gpu-b")) == []
