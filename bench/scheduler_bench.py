@@ -395,9 +395,8 @@ def cpu_seconds(cluster: Cluster) -> dict[str, float]:
 
     Read from /proc (Linux), children a process has waited for included; a
     process that has exited is not counted, so a scheduler restarted for a
-    round counts from its start. On a machine whose
-    cores the storm saturates, the rate follows the CPU each pod costs; this
-    says which process spends it.
+    round counts from its start. On a machine whose cores the storm saturates,
+    the rate follows the CPU each pod costs; this says which process spends it.
     """
     groups = {c.pid: name for name, c in cluster.components.items() if c.pid}
     used = dict.fromkeys(groups.values(), 0.0)
