@@ -191,7 +191,7 @@ def state_view(extender: Extender, only: str | None = None) -> dict[str, Any]:
         "assumed": {
             claim.key: sorted(holds)
             for holds in state.assumed.values()
-            for claim, _ in list(holds.values())[:1]
+            for claim, *_ in list(holds.values())[:1]
         },
         "nodes": nodes,
     }

@@ -13,10 +13,11 @@ A bind *assumes* its pod on the node before it calls the apiserver, so that a
 second bind racing it sees the first pod charged. No timer ends an assumption
 (issue 7: 100 expired together while the pod watch lagged, and the nodes looked
 empty). It ends when the pod cache shows the pod bound (anywhere) or gone, when
-the apiserver definitely refused that binding, or when an authoritative read
-(a GET, :meth:`extender.verbs.Extender.verify_due`, asked for once an
-assumption is ``verify_after`` seconds old and no bind of it is in flight) says
-the pod is unbound, gone, or another pod now. A pod may be held on several
+the apiserver definitely refused the only binding of the pod to that node that
+may be stored, or when an authoritative read (a GET,
+:meth:`extender.verbs.Extender.verify_due`, asked for once an assumption and its
+latest binding POST are ``verify_after`` seconds old and no bind of it is in
+flight) says the pod is unbound, gone, or another pod now. A pod may be held on several
 nodes at once -- kube-scheduler retries a bind that timed out, maybe elsewhere
 -- and is charged on each until one of those says where it is; the apiserver
 lets only one binding land.
@@ -28,7 +29,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -56,6 +57,19 @@ PENDING_MEMORY = 10_000
 """Pods remembered from filter requests, for a bind that outruns the pod watch."""
 
 
+class Hold(NamedTuple):
+    """A pod charged on a node it may be bound to, before the pod cache shows it there."""
+
+    claim: PodClaim
+    """The pod's claim, located on that node."""
+    since: float
+    """When it was held there, or when the latest binding POST to that node began: a
+    POST that timed out may still be stored, so no read may release it too soon."""
+    posts: int = 0
+    """Binding POSTs begun under this hold. More than one means an earlier one ended
+    uncertain (a definite refusal ends the hold), so it may yet be stored."""
+
+
 class ClusterState:
     def __init__(
         self,
@@ -77,8 +91,8 @@ class ClusterState:
         unavailable or deleted report leaves counting (headroom.accounting)."""
         self.pods: dict[str, PodClaim] = {}
         """Every GPU pod the cache holds, by UID."""
-        self.assumed: dict[str, dict[str, tuple[PodClaim, float]]] = {}
-        """UID -> node -> (claim on that node, since when) for binds not yet seen in the cache."""
+        self.assumed: dict[str, dict[str, Hold]] = {}
+        """UID -> node -> its hold there, for binds not yet seen in the cache."""
         self._on_node: dict[str, dict[str, PodClaim]] = {}
         self._assumed_on: dict[str, dict[str, PodClaim]] = {}
         """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
@@ -273,12 +287,13 @@ class ClusterState:
                 self._touch(name)
 
     def due(self, now: float) -> list[PodClaim]:
-        """Assumptions old enough to verify with an authoritative read, oldest first."""
+        """Pods with an assumption old enough to verify with an authoritative read, oldest
+        first: held, or last POSTed to, ``verify_after`` seconds ago or more."""
         ready = [
-            (since, claim)
+            (hold.since, hold.claim)
             for holds in self.assumed.values()
-            for claim, since in holds.values()
-            if since + self.verify_after <= now
+            for hold in holds.values()
+            if hold.since + self.verify_after <= now
         ]
         seen: set[str] = set()
         result = []
@@ -367,6 +382,13 @@ class ClusterState:
         if node not in self.assumed.get(claim.uid, {}):
             self._hold(claim, node)
 
+    def posting(self, uid: str, node: str) -> None:
+        """A binding POST of the pod to ``node``, where it is held, begins now: count it
+        and restart the hold's clock, so that no read releases it until the POST is
+        ``verify_after`` old and can no longer be stored."""
+        hold = self.assumed[uid][node]
+        self.assumed[uid][node] = hold._replace(since=self.clock(), posts=hold.posts + 1)
+
     def forget(self, uid: str, node: str | None = None) -> None:
         """End the pod's assumptions: all of them, or only the one on ``node``."""
         holds = self.assumed.get(uid)
@@ -389,7 +411,7 @@ class ClusterState:
 
     def _hold(self, claim: PodClaim, node: str) -> None:
         held = replace(claim, node=node)
-        self.assumed.setdefault(claim.uid, {})[node] = (held, self.clock())
+        self.assumed.setdefault(claim.uid, {})[node] = Hold(held, self.clock())
         self._assumed_on.setdefault(node, {})[claim.uid] = held
         self._touch(node)
 
@@ -411,7 +433,7 @@ class ClusterState:
         if not keep_pending:
             self.bound_at.pop(uid, None)
             self._pending.pop(uid, None)
-            for node, (held, _) in self.assumed.get(uid, {}).items():
+            for node, (held, *_) in self.assumed.get(uid, {}).items():
                 # A bind may have landed and kubelet allocated it: it left some GPU.
                 if held.shared and (old is None or old.node != node):
                     self._departed(held, located=False)

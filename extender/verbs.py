@@ -284,28 +284,40 @@ class Extender:
         if not verdict.fits:
             log.info("bind of %s to %s refused: %s", key, node, verdict.reason)
             return ExtenderBindingResult(Error=f"not binding {key} to {node}: {verdict.reason}")
+        self.state.posting(claim.uid, node)
         self.in_flight[claim.uid] += 1
         try:
             await self.binder(namespace, name, uid, node)
         except BindError as err:
-            if err.conflict and await self._where(claim) == node:
-                return ExtenderBindingResult()  # an earlier, timed-out try of ours landed
-            if not err.uncertain:
+            if err.conflict:
+                # The pod is bound already, maybe by an earlier, timed-out try of ours.
+                # Only a read says where (and moves the charge there); until one does,
+                # the hold stays: it may be the very binding that was stored.
+                if await self._where(claim) == node:
+                    return ExtenderBindingResult()
+            elif not err.uncertain and self._only_post(claim.uid, node):
                 self.state.forget(claim.uid, node)
             return ExtenderBindingResult(Error=f"binding {key} to {node} failed: {err}")
         finally:
             self.in_flight[claim.uid] -= 1
             if not self.in_flight[claim.uid]:
                 del self.in_flight[claim.uid]
-        # Stored: the pod's nodeName is set, so no earlier try elsewhere can land any more.
-        for other in list(self.state.assumed.get(claim.uid, {})):
-            if other != node:
-                self.state.forget(claim.uid, other)
+        # Stored: the pod's nodeName is set, so no earlier try elsewhere can land any
+        # more; charged here (again, should anything have let go meanwhile) until the
+        # watch shows it.
+        self.state.hold(claim, node)
         seen = self.state.pods.get(claim.uid)
         if seen is not None and not seen.node:  # the watch has not shown it yet: time it
             self.state.bound_at[claim.uid] = self.state.clock()
         log.debug("bound %s to %s", key, node)  # kube-scheduler records the Scheduled event
         return ExtenderBindingResult()
+
+    def _only_post(self, uid: str, node: str) -> bool:
+        """Whether the POST now ending is the only one of the pod to ``node`` that may be
+        stored: none other in flight, none earlier under the same hold (which ended
+        uncertain, or the hold would be gone). Only then may its refusal end the hold."""
+        hold = self.state.assumed.get(uid, {}).get(node)
+        return self.in_flight[uid] == 1 and (hold is None or hold.posts <= 1)
 
     def _refusal(self, claim: PodClaim) -> str:
         """Why this extender must not bind the pod at all ("" when it may)."""
@@ -325,17 +337,31 @@ class Extender:
 
         The only way, besides the pod watch and a definite refusal, that an
         assumption ends: a pod read as unbound, gone, or recreated (another
-        UID) while no bind of it is in flight. A failed read releases nothing.
+        UID). An unbound read releases only the holds that were due when it was
+        sent and that no binding POST has touched since: a bind that began and
+        even succeeded while the read was out is not undone by its stale answer.
+        A failed read releases nothing.
         """
         released = 0
-        for claim in self.state.due(self.state.clock()):
-            if claim.uid in self.in_flight or claim.uid not in self.state.assumed:
+        state = self.state
+        for claim in state.due(state.clock()):
+            if claim.uid in self.in_flight or claim.uid not in state.assumed:
                 continue
+            cutoff = state.clock() - state.verify_after
+            due = {n: h.since for n, h in state.assumed[claim.uid].items() if h.since <= cutoff}
             where = await self._where(claim)
             if where == UNBOUND and claim.uid not in self.in_flight:
-                log.info("%s is not bound (read from the apiserver): released", claim.key)
-                self.state.forget(claim.uid)
-                released += 1
+                holds = state.assumed.get(claim.uid, {})
+                gone = [n for n, since in due.items() if n in holds and holds[n].since == since]
+                for node in gone:
+                    state.forget(claim.uid, node)
+                if gone:
+                    log.info(
+                        "%s is not bound (read from the apiserver): released from %s",
+                        claim.key,
+                        ", ".join(sorted(gone)),
+                    )
+                    released += 1
             elif where == GONE:
                 released += 1
         return released

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.state import ClusterState
-from extender.verbs import Extender
+from extender.verbs import BindError, Extender
 from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from headroom.claims import parse_claim
 from tests.extender.conftest import MARGIN, Clock, Harness, PodReader, RecordingBinder
@@ -136,6 +136,102 @@ async def test_a_recreated_pod_releases_the_old_uid(harness: Harness) -> None:
     assert harness.state.assumed == {}
 
 
+def filled(h: Harness, pod: dict[str, Any]) -> list[str]:
+    """The nodes a 30Gi pod still fits on, by the filter: none while 30Gi is charged."""
+    other = gpu_pod("q", declared="30Gi")
+    h.state.on_pod("ADDED", other)
+    return h.extender.filter(ExtenderArgs(Pod=other, NodeNames=["gpu-a"])).NodeNames or []
+
+
+async def test_a_conflict_keeps_the_charge_when_the_read_cannot_say_where(
+    harness: Harness,
+) -> None:
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)
+    harness.binder.fail_with, harness.binder.uncertain, harness.binder.lands = TIMEOUT, True, True
+    await harness.extender.bind(args(pod, "gpu-a"))  # stored, its answer lost
+    harness.binder.fail_with = ""
+    harness.reader.fail = True  # the slow apiserver cannot answer the read after the 409
+    retry = await harness.extender.bind(args(pod, "gpu-a"))
+    assert "409" in retry.Error
+    # A 409 says the pod is bound: the charge stays until something says where.
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
+    assert filled(harness, pod) == []
+
+
+async def test_a_refused_retry_keeps_the_charge_of_an_earlier_try_still_in_flight(
+    harness: Harness,
+) -> None:
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)
+    gate = asyncio.Event()
+    answers = iter(["wait", "refuse"])
+
+    async def binder(namespace: str, name: str, uid: str, node: str) -> None:
+        if next(answers) == "refuse":  # API Priority and Fairness: a definite 429
+            raise BindError("HTTP 429: Too many requests", uncertain=False)
+        await gate.wait()  # the first POST: kube-scheduler gave up on it long ago
+        harness.binder.bound[(namespace, name)] = node
+
+    harness.extender.binder = binder
+    first = asyncio.create_task(harness.extender.bind(args(pod, "gpu-a")))
+    await asyncio.sleep(0)
+    assert "429" in (await harness.extender.bind(args(pod, "gpu-a"))).Error
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}  # the first may still land
+    gate.set()
+    assert (await first).Error == ""
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
+    assert filled(harness, pod) == []
+
+
+async def test_a_read_waits_for_the_last_binding_post_not_the_first_hold(
+    harness: Harness,
+) -> None:
+    # kube-scheduler retries after 1, 2, 4 s; each POST times out unanswered and
+    # the last is still queued at the apiserver when the first hold turns 10 s old.
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)
+    harness.binder.fail_with, harness.binder.uncertain = TIMEOUT, True
+    for backoff in (0, 4, 5):
+        harness.clock.now += backoff
+        await harness.extender.bind(args(pod, "gpu-a"))
+    harness.clock.now += 1.5  # 10.5 s after the first POST, 1.5 s after the last
+    assert await harness.extender.verify_due() == 0
+    assert harness.reader.reads == 0
+    harness.binder.bound[("research", "p")] = "gpu-a"  # the last POST is stored now
+    assert filled(harness, pod) == []
+    harness.clock.now += 10
+    assert await harness.extender.verify_due() == 0  # read: bound there, charged there
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
+
+
+async def test_a_read_answered_before_a_bind_that_landed_meanwhile_releases_nothing(
+    harness: Harness,
+) -> None:
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)
+    harness.binder.fail_with, harness.binder.uncertain = TIMEOUT, True
+    await harness.extender.bind(args(pod, "gpu-a"))  # lost: unbound, held
+    harness.binder.fail_with = ""
+    harness.clock.now += 11
+    sent, answer = asyncio.Event(), asyncio.Event()
+    stale = {**pod, "spec": {**pod["spec"]}}  # unbound, as the apiserver had it
+
+    async def slow_read(namespace: str, name: str) -> dict[str, Any] | None:
+        sent.set()
+        await answer.wait()
+        return stale
+
+    harness.extender.reader = slow_read
+    verify = asyncio.create_task(harness.extender.verify_due())
+    await sent.wait()
+    assert (await harness.extender.bind(args(pod, "gpu-a"))).Error == ""  # lands now
+    answer.set()
+    assert await verify == 0
+    assert set(harness.state.assumed[uid_of(pod)]) == {"gpu-a"}
+    assert filled(harness, pod) == []
+
+
 async def test_bind_refuses_pods_of_other_schedulers_and_without_gpus(harness: Harness) -> None:
     foreign = gpu_pod("kai", declared="1Gi")
     foreign["spec"]["schedulerName"] = "kai-scheduler"
@@ -150,11 +246,23 @@ async def test_bind_refuses_pods_of_other_schedulers_and_without_gpus(harness: H
 
 
 Step = tuple[str, int, int]
-"""(what, pod index, node index): bind-ok, bind-lost, bind-landed, watch, verify, delete."""
+"""(what, pod index, node index). Binds: ok; lost (timed out, not stored); landed
+(timed out, stored); late (timed out, stored at a later ``commit`` unless it comes
+``LATE_LIMIT`` s after the POST); refused (a definite 429). Then the watch
+catching up, a verify tick (time passes), a deletion, reads starting or ending
+to fail, and the late POSTs being stored."""
+
+LATE = "apiserver unreachable: no answer within 3.0s"
+LATE_LIMIT = 7.0
+"""How long after its start a timed-out POST may still be stored, in this model:
+the binder gives up after 3 s, and the apiserver's storage with it."""
+
+KINDS = ["bind-ok", "bind-lost", "bind-landed", "bind-late", "bind-refused"]
+KINDS += ["watch", "verify", "delete", "reads", "commit"]
 
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["bind-ok", "bind-lost", "bind-landed", "watch", "verify", "delete"]),
+        st.sampled_from(KINDS),
         st.integers(0, 7),
         st.integers(0, 1),
     ),
@@ -175,7 +283,14 @@ async def _interleave(sequence: list[Step], sizes: list[int]) -> None:
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
     binder = RecordingBinder()
     reader = PodReader(binder)
-    extender = Extender(state, binder, reader=reader)
+    late: list[tuple[tuple[str, str], str, float]] = []  # POSTs the apiserver may yet store
+
+    async def post(namespace: str, name: str, uid: str, node: str) -> None:
+        if binder.fail_with == LATE and (namespace, name) not in binder.bound:
+            late.append(((namespace, name), node, clock.now))
+        await binder(namespace, name, uid, node)
+
+    extender = Extender(state, post, reader=reader)
     nodes = ["gpu-a", "gpu-b"]
     for name in nodes:
         state.on_node("ADDED", gpu_node(name))
@@ -188,11 +303,19 @@ async def _interleave(sequence: list[Step], sizes: list[int]) -> None:
     for what, index, node_index in sequence:
         pod, node = pods[index], nodes[node_index]
         key = ("research", pod["metadata"]["name"])
+        if what == "reads":
+            reader.fail = not reader.fail
+        elif what == "commit":
+            for late_key, late_node, _ in late:
+                binder.bound.setdefault(late_key, late_node)
+            late.clear()
         if index in deleted:
             continue
         if what.startswith("bind"):
-            binder.fail_with = "" if what == "bind-ok" else TIMEOUT
-            binder.uncertain = what != "bind-ok"
+            binder.fail_with = {
+                "bind-ok": "", "bind-late": LATE, "bind-refused": "HTTP 429: Too many requests"
+            }.get(what, TIMEOUT)  # fmt: skip
+            binder.uncertain = what not in ("bind-ok", "bind-refused")
             binder.lands = what == "bind-landed"
             await extender.bind(args(pod, node))
         elif what == "watch" and key in binder.bound:  # the watch catches up, late
@@ -201,9 +324,11 @@ async def _interleave(sequence: list[Step], sizes: list[int]) -> None:
             )
         elif what == "verify":
             clock.now += rng.choice([1, 11, 600])
+            late = [(k, n, sent) for k, n, sent in late if sent + LATE_LIMIT > clock.now]
             await extender.verify_due()
         elif what == "delete":
             deleted.add(index)
+            late = [(k, n, sent) for k, n, sent in late if k != key]
             binder.bound.pop(key, None)
             reader.pods.pop(key)
             state.on_pod("DELETED", pod)
