@@ -208,10 +208,17 @@ def _victims(
         if not gpu.shared:
             continue
         freed = sum(c.charged for c in gpu.pods if c.uid in gone)
+        # Only pods the cache shows bound here can be victims: kube-scheduler turns
+        # each victim's UID back into a pod on the node (convertPodUIDToPod in
+        # pkg/scheduler/extender.go) and fails the whole preemption if it cannot, and
+        # it has forgotten a pod whose bind timed out. A held pod still takes its room.
         residents = tuple(
             Resident(c.uid, claim.priority, c.charged, protected(_evictee(state, c.uid), pdbs))
             for c in gpu.pods
-            if c.known and c.uid not in gone and (claim := state.pods.get(c.uid)) is not None
+            if c.known
+            and c.uid not in gone
+            and (claim := state.pods.get(c.uid)) is not None
+            and claim.node == node
         )
         rooms.append(GPURoom(str(gpu.index), gpu.headroom + freed, residents))
     if not rooms:

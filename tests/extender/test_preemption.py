@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from extender.preemption import Budgets
-from extender.wire import BadShape, ExtenderPreemptionArgs, ExtenderPreemptionResult, parse
+from extender.wire import (
+    BadShape,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    parse,
+)
 from headroom.claims import PodClaim
 from headroom.disruption import parse_budget
 from tests.extender.conftest import Harness
@@ -245,3 +251,30 @@ async def test_the_preemptor_gets_an_event_once_nominated_to_a_node_offered(
     assert "node gpu-a" in message, message
     assert "research/plain (priority 0)" in message, message
     assert "16.0 GiB" in message, message
+
+
+async def test_a_pod_only_held_on_the_node_takes_room_but_is_never_a_victim(
+    budgets_harness: Harness,
+) -> None:
+    # "held" was being bound when kube-scheduler's bind timed out: kube-scheduler
+    # forgot it, the extender still charges it. Named as a victim, kube-scheduler
+    # could not find it on the node and would fail the whole preemption.
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a"))
+    a, b = resident("a", "gpu-a", "12Gi"), resident("b", "gpu-a", "12Gi")
+    held = gpu_pod("held", declared="13Gi")
+    for pod in (a, b, held):
+        h.state.on_pod("ADDED", pod)
+    h.binder.fail_with, h.binder.uncertain = "apiserver unreachable: read timed out", True
+    meta = held["metadata"]
+    await h.extender.bind(
+        ExtenderBindingArgs(
+            PodName=meta["name"], PodNamespace=meta["namespace"], PodUID=meta["uid"], Node="gpu-a"
+        )
+    )
+    assert uid_of(held) in h.state.assumed
+    # 24Gi bound + 13Gi held of 39.5: freeing a leaves 14.5 GiB < 16Gi, so b goes too.
+    status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(a)]}))
+    assert status == 200, result
+    chosen = [p["UID"] for p in result["NodeNameToMetaVictims"]["gpu-a"]["Pods"]]
+    assert chosen == [uid_of(a), uid_of(b)]
