@@ -4,9 +4,10 @@ Read from the pod's resources only: the device plugin's names and Headroom's
 ``headroom.dev/gpu-memory``, which the webhook writes and which, like every pod
 resource, cannot change after creation. Annotations are explanations for
 people and never count: a tenant may patch them. The effective amount of a
-resource follows Kubernetes' effective-request rule: the larger of the app
-containers' sum (sidecar init containers included) and the largest plain init
-container's.
+resource follows Kubernetes' effective-request rule
+(:func:`headroom.podspec.effective_request`): the larger of the sum over the
+app containers and sidecars, and the largest plain init container's own
+amount plus that of the sidecars started before it.
 
 A shared pod without ``headroom.dev/gpu-memory`` was admitted before the
 declaration became a resource (Headroom 0.1, annotation only): it is *legacy*,
@@ -30,6 +31,7 @@ from headroom.podspec import (
     PodError,
     containers,
     declared_memory,
+    effective_request,
     gpu_requests,
     mapping,
     shown,
@@ -161,22 +163,14 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
 
 def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None]:
     """Effective shared replicas, MIG slices by profile, and declared bytes (None: none)."""
-    app: dict[str, int] = {}
-    init: dict[str, int] = {}
-
-    def add(container: Container, resource: str, count: int) -> None:
-        if container.kind == "containers" or container.sidecar:
-            app[resource] = app.get(resource, 0) + count
-        else:
-            init[resource] = max(init.get(resource, 0), count)
-
+    asked: dict[str, list[tuple[Container, int]]] = {}
     for request in gpu_requests(pod):
-        add(request.container, request.resource, request.count)
+        asked.setdefault(request.resource, []).append((request.container, request.count))
     for container in containers(pod):
         memory = declared_memory(container)
         if memory is not None:
-            add(container, names.GPU_MEMORY, memory)
-    effective = {r: max(app.get(r, 0), init.get(r, 0)) for r in app.keys() | init.keys()}
+            asked.setdefault(names.GPU_MEMORY, []).append((container, memory))
+    effective = {resource: effective_request(amounts) for resource, amounts in asked.items()}
 
     mig: dict[str, int] = {}
     declared = effective.pop(names.GPU_MEMORY, None)

@@ -10,10 +10,11 @@ writes, so the decision applied to its own output yields no operations --
 
 Declared memory, recorded in ``headroom.dev/declared-memory``, is what the pod
 may hold on one GPU in the worst case, where the device plugin hands every
-container the same GPU: the sum over the app containers (and sidecar init
-containers) that got a shared or MIG GPU, or the largest plain init
-container's, whichever is more -- the rule Kubernetes uses for effective
-requests. Containers kept on whole GPUs declare nothing.
+container the same GPU: the effective request Kubernetes computes
+(:func:`headroom.podspec.effective_request`) over the containers that got a
+shared or MIG GPU -- the app containers and sidecars together, or a plain
+init container beside the sidecars started before it, whichever is more.
+Containers kept on whole GPUs declare nothing.
 """
 
 import pickle

@@ -6,7 +6,7 @@ the caller can deny the pod with that message instead of crashing.
 """
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,6 +130,34 @@ def _gpu_request(container: Container) -> GPURequest | None:
         raise PodError(f"{where}: asks for more than one GPU resource: {', '.join(wanted)}")
     ((resource, count),) = wanted.items()
     return GPURequest(container, resource, count, in_requests=resource in requests)
+
+
+def effective_request(amounts: Iterable[tuple[Container, int]]) -> int:
+    """A pod's effective request of one resource, from what each container asks.
+
+    App containers and sidecars (init containers with ``restartPolicy: Always``)
+    run together. A plain init container runs alone but for the sidecars
+    started before it -- kubelet gives it devices of its own beside theirs,
+    never a running sidecar's -- and hands its devices on when it finishes. So
+    the pod needs the larger of Σ app + Σ sidecars and, over the plain init
+    containers, each one's amount plus that of the sidecars before it: the rule
+    of ``PodRequests`` in k8s.io/component-helpers (KEP-753), which
+    kube-scheduler and kubelet apply to the same resources.
+    """
+    apps = 0
+    inits = []
+    for container, amount in amounts:
+        if container.kind == "containers":
+            apps += amount
+        else:
+            inits.append((container.index, container.sidecar, amount))
+    sidecars = alone = 0
+    for _, sidecar, amount in sorted(inits):
+        if sidecar:
+            sidecars += amount
+        else:
+            alone = max(alone, sidecars + amount)
+    return max(apps + sidecars, alone)
 
 
 def declared_memory(container: Container) -> int | None:

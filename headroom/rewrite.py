@@ -18,6 +18,7 @@ from headroom.podspec import (
     PodError,
     containers,
     declared_memory,
+    effective_request,
     gpu_requests,
     json_type,
     mapping,
@@ -274,10 +275,9 @@ class Rewrite:
             names.ANNOTATION_MODE: mode,
             names.ANNOTATION_PLACEMENT: policy.spec.placement,
         }
-        together = [p.memory for p in placed if p.memory and _runs_with_app(p.request.container)]
-        before = [p.memory for p in placed if p.memory and not _runs_with_app(p.request.container)]
-        if together or before:
-            total = max(sum(together), max(before, default=0))
+        declaring = [(p.request.container, p.memory) for p in placed if p.memory]
+        if declaring:
+            total = effective_request(declaring)
             wanted[names.ANNOTATION_DECLARED_MEMORY] = format_bytes(total)
         profiles = [_profile(p.resource) for p in placed if p.kind == "mig"]
         if profiles:
@@ -294,10 +294,6 @@ class Rewrite:
 
 def _label(container: Container) -> str:
     return f"container {shown(container.name, 60)}"
-
-
-def _runs_with_app(container: Container) -> bool:
-    return container.kind == "containers" or container.sidecar
 
 
 def _profile(resource: str) -> str:

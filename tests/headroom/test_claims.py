@@ -1,9 +1,15 @@
 """What a pod claims: shared replicas, MIG slices, declared memory, placement."""
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headroom.claims import parse_claim
 from headroom.podspec import PodError
+from headroom.quantity import parse_bytes
 from tests.extender.objects import gpu_pod
 
 
@@ -80,6 +86,87 @@ def test_declared_memory_follows_the_effective_request_rule() -> None:
     assert parse_claim(pod).declared == 8 * 2**30  # the init container's 8 > 4 + 2
     spec["initContainers"][0]["resources"]["limits"]["headroom.dev/gpu-memory"] = "5Gi"
     assert parse_claim(pod).declared == 6 * 2**30
+
+
+def _gpu_container(name: str, resource: str, count: int, memory: str = "") -> dict[str, object]:
+    limits = {resource: str(count)}
+    if memory:
+        limits["headroom.dev/gpu-memory"] = memory
+    return {"name": name, "resources": {"limits": limits}}
+
+
+def test_a_sidecar_started_before_an_init_container_runs_beside_it() -> None:
+    # KEP-753: the plain init container "load" runs while sidecar "proxy" is up, and
+    # kubelet never hands a running sidecar's devices on: 2 replicas, 10 + 30 GiB.
+    pod = gpu_pod("p", shared=0, declared=None)
+    sidecar = _gpu_container("proxy", "nvidia.com/gpu.shared", 1, "10Gi")
+    sidecar["restartPolicy"] = "Always"
+    pod["spec"]["initContainers"] = [
+        sidecar,
+        _gpu_container("load", "nvidia.com/gpu.shared", 1, "30Gi"),
+    ]
+    claim = parse_claim(pod)
+    assert (claim.shared, claim.declared) == (2, 40 * 2**30)
+    # The other order: "load" has finished before "proxy" starts.
+    pod["spec"]["initContainers"].reverse()
+    claim = parse_claim(pod)
+    assert (claim.shared, claim.declared) == (1, 30 * 2**30)
+
+
+def test_a_sidecar_before_an_init_container_counts_for_mig_slices_too() -> None:
+    pod = gpu_pod("p", mig="1g.10gb", declared=None)
+    sidecar = _gpu_container("proxy", "nvidia.com/mig-1g.10gb", 1)
+    sidecar["restartPolicy"] = "Always"
+    pod["spec"]["initContainers"] = [sidecar, _gpu_container("load", "nvidia.com/mig-1g.10gb", 2)]
+    assert parse_claim(pod).mig == {"1g.10gb": 3}  # load's 2 beside proxy's 1; app 1 + 1
+
+
+@st.composite
+def gpu_specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Init containers (some sidecars) and app containers, each perhaps on a shared GPU."""
+
+    def body(name: str) -> dict[str, Any]:
+        limits = {}
+        if draw(st.booleans()):
+            limits["nvidia.com/gpu.shared"] = str(draw(st.integers(1, 3)))
+            limits["headroom.dev/gpu-memory"] = f"{draw(st.integers(1, 40))}Gi"
+        return {"name": name, "resources": {"limits": limits}}
+
+    inits = [body(f"i{n}") for n in range(draw(st.integers(0, 5)))]
+    for init in inits:
+        if draw(st.booleans()):
+            init["restartPolicy"] = "Always"
+    return {"initContainers": inits, "containers": [body(f"c{n}") for n in range(3)]}
+
+
+def busiest(spec: dict[str, Any], amount: Callable[[dict[str, Any]], int]) -> int:
+    """The most the pod holds at once, stepping through kubelet's start sequence.
+
+    Each init container starts after the one before it has finished (a plain
+    one) or started (a sidecar, which then runs until the pod ends); the app
+    containers start after all of them, beside every sidecar.
+    """
+    phases: list[list[dict[str, Any]]] = []
+    sidecars: list[dict[str, Any]] = []
+    for init in spec["initContainers"]:
+        phases.append([*sidecars, init])
+        if init.get("restartPolicy") == "Always":
+            sidecars.append(init)
+    phases.append([*sidecars, *spec["containers"]])
+    return max(sum(amount(body) for body in phase) for phase in phases)
+
+
+def _limit(name: str, parse: Callable[[str], int]) -> Callable[[dict[str, Any]], int]:
+    return lambda body: parse(body["resources"]["limits"].get(name, "0"))
+
+
+@given(gpu_specs())
+def test_effective_request_is_the_busiest_moment_of_the_pod(spec: dict[str, Any]) -> None:
+    pod = gpu_pod("p", shared=0, declared=None)
+    pod["spec"].update(spec)
+    claim = parse_claim(pod)
+    assert claim.shared == busiest(spec, _limit("nvidia.com/gpu.shared", int))
+    assert (claim.declared or 0) == busiest(spec, _limit("headroom.dev/gpu-memory", parse_bytes))
 
 
 def test_pod_without_gpu_is_not_interesting() -> None:

@@ -41,6 +41,14 @@ def test_rule5_init_containers_count_like_kubernetes_effective_requests() -> Non
     assert run(pod).annotations["headroom.dev/declared-memory"] == "9Gi"
 
 
+def test_rule5_a_sidecar_started_first_runs_beside_the_init_container_after_it() -> None:
+    # metrics (1Gi sidecar) starts, then warmup (12Gi) runs beside it, then the app (8Gi).
+    pod = load_pod("sidecar-first")
+    assert run(pod).annotations["headroom.dev/declared-memory"] == "13Gi"
+    pod["metadata"]["annotations"]["headroom.dev/gpu-memory.warmup"] = "2Gi"
+    assert run(pod).annotations["headroom.dev/declared-memory"] == "9Gi"
+
+
 def test_rule5_whole_gpu_containers_declare_nothing() -> None:
     pod = gpu_pod({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "1"})
     assert run(pod).annotations["headroom.dev/declared-memory"] == "4Gi"

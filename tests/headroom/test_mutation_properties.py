@@ -12,9 +12,11 @@ import jsonpatch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headroom.claims import parse_claim
 from headroom.mig import MigOffer
 from headroom.mutation import decide
 from headroom.policy import GPUSharingPolicy
+from headroom.quantity import parse_bytes
 from tests.headroom.pods import make_policy
 
 GPU_RESOURCES = [
@@ -139,6 +141,36 @@ def test_rule10_the_decision_on_its_own_output_changes_nothing(
     assert second.patch == []
     assert second.allowed == first.allowed
     assert second.annotations == first.annotations
+
+
+@st.composite
+def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
+    """Init containers (some of them sidecars) and app containers, each perhaps asking
+    for a GPU and declaring its own memory by annotation."""
+    annotations: dict[str, str] = {}
+
+    def body(name: str) -> dict[str, Any]:
+        limits = {}
+        if draw(st.booleans()):
+            limits["nvidia.com/gpu"] = "1"
+            annotations[f"headroom.dev/gpu-memory.{name}"] = f"{draw(st.integers(1, 20))}Gi"
+        return {"name": name, "image": "cuda", "resources": {"limits": limits}}
+
+    inits = [body(f"i{index}") for index in range(draw(st.integers(0, 4)))]
+    for init in inits:
+        if draw(st.booleans()):
+            init["restartPolicy"] = "Always"
+    spec = {"initContainers": inits, "containers": [body("c0"), body("c1")]}
+    return {"metadata": {"generateName": "p-", "annotations": annotations}, "spec": spec}
+
+
+@given(gpu_pods())
+def test_rule5_the_recorded_declaration_is_what_the_extender_charges(pod: dict[str, Any]) -> None:
+    # The annotation explains the charge; the extender reads the resources (headroom.claims).
+    decision = run(copy.deepcopy(pod), make_policy("p", defaultMemory="4Gi"))
+    claim = parse_claim(jsonpatch.apply_patch(pod, decision.patch))
+    recorded = decision.annotations.get("headroom.dev/declared-memory")
+    assert claim.declared == (None if recorded is None else parse_bytes(recorded))
 
 
 @given(pods(), policies, offers)

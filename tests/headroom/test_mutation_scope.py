@@ -14,6 +14,7 @@ SEEDS = [
     "mps-pod",
     "multi-container",
     "init-containers",
+    "sidecar-first",
 ]
 
 
