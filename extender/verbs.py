@@ -119,7 +119,11 @@ class Extender:
             return ExtenderFilterResult(NodeNames=[], Error=str(err))
         self.state.remember(claim)
         if not claim.wants_gpu:
-            return _result(args, candidates, candidates.names, {}, {})
+            # kube-scheduler sends a pod that names a managed resource even at a count
+            # of 0, and this extender is then its binder: a pass here would end in a
+            # bind refused on every retry. Refused here, the pod waits with the reason.
+            refusal = dict.fromkeys(candidates.names, self._refusal(claim))
+            return _result(args, candidates, [], {}, refusal)
         if not self.ready():
             return ExtenderFilterResult(NodeNames=[], Error=NOT_READY)
         if claim.problem:

@@ -95,7 +95,7 @@ def _decide(
         rewrite.notes.append(
             f"{names.LABEL_SKIP}=true ignored: GPUSharingPolicy {policy_name} has no allowSkip"
         )
-    if not rewrite.requests:
+    if not rewrite.requests and not rewrite.unplaced:
         return Decision(True, "skipped", "pod asks for no GPU")
     policy = policies.get(policy_name)
     if policy is None:

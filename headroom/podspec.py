@@ -117,19 +117,26 @@ def gpu_requests(pod: Mapping[str, Any]) -> list[GPURequest]:
 
 
 def _gpu_request(container: Container) -> GPURequest | None:
+    wanted = {name: count for name, count in gpu_counts(container).items() if count > 0}
+    if not wanted:
+        return None
+    where = f"{container.where}.resources"
+    if len(wanted) > 1:
+        raise PodError(f"{where}: asks for more than one GPU resource: {', '.join(wanted)}")
+    ((resource, count),) = wanted.items()
+    requests = mapping(mapping(container.body, "resources", where), "requests", f"{where}.requests")
+    return GPURequest(container, resource, count, in_requests=resource in requests)
+
+
+def gpu_counts(container: Container) -> dict[str, int]:
+    """Every GPU resource the container names, with its count: 0 included, which asks
+    for no GPU and so must not stand beside declared memory (headroom.rewrite)."""
     where = f"{container.where}.resources"
     resources = mapping(container.body, "resources", where)
     limits = mapping(resources, "limits", f"{where}.limits")
     requests = mapping(resources, "requests", f"{where}.requests")
     names = sorted({key for key in (*limits, *requests) if is_gpu_resource(key)})
-    counted = {name: _count(limits, requests, name, where) for name in names}
-    wanted = {name: count for name, count in counted.items() if count > 0}
-    if not wanted:
-        return None
-    if len(wanted) > 1:
-        raise PodError(f"{where}: asks for more than one GPU resource: {', '.join(wanted)}")
-    ((resource, count),) = wanted.items()
-    return GPURequest(container, resource, count, in_requests=resource in requests)
+    return {name: _count(limits, requests, name, where) for name in names}
 
 
 def effective_request(amounts: Iterable[tuple[Container, int]]) -> int:

@@ -19,6 +19,7 @@ from headroom.podspec import (
     containers,
     declared_memory,
     effective_request,
+    gpu_counts,
     gpu_requests,
     json_type,
     mapping,
@@ -88,13 +89,37 @@ class Declarations:
                 f"{placed_label} declares no GPU memory: set annotation "
                 f"{names.ANNOTATION_GPU_MEMORY} (policy {self.policy} has no defaultMemory)"
             )
+        self._within_limit(placed_label, declared)
+        return declared
+
+    def check_unplaced(self, container: Container) -> None:
+        """Raise Denied for a container that asks for no GPU yet declares memory wrongly.
+
+        Its ``headroom.dev/gpu-memory`` is charged with the pod's all the same
+        (:mod:`headroom.claims` sums every container's), so maxMemory holds for
+        it too. Beside a GPU resource at a count of 0 it is a tenant's way past
+        both the limit and the "memory needs a slot" rule: the container looks
+        like a GPU container, yet no slot backs the memory.
+        """
+        label = _label(container)
+        for resource, count in gpu_counts(container).items():
+            if count == 0:
+                raise Denied(
+                    f"{label} asks for {resource}: 0 beside {names.GPU_MEMORY} "
+                    f"({container.where}.resources.limits[{resource}]): a count of 0 is no "
+                    f"GPU, so no slot backs the memory; ask for 1 or drop {names.GPU_MEMORY}"
+                )
+        declared = declared_memory(container)
+        if declared is not None:
+            self._within_limit(label, declared)
+
+    def _within_limit(self, label: str, declared: int) -> None:
         limit = self.spec.max_memory_bytes
         if limit is not None and declared > limit:
             raise Denied(
-                f"{placed_label} declares {format_bytes(declared)} of GPU memory, above "
+                f"{label} declares {format_bytes(declared)} of GPU memory, above "
                 f"maxMemory {self.spec.max_memory} of policy {self.policy}"
             )
-        return declared
 
 
 def _memory(key: str, value: str) -> int:
@@ -122,6 +147,14 @@ class Rewrite:
         self.pod = pod
         self.offer = offer
         self.requests = gpu_requests(pod)
+        placing = {(request.container.kind, request.container.index) for request in self.requests}
+        self.unplaced = [
+            container
+            for container in containers(pod)
+            if (container.kind, container.index) not in placing
+            and declared_memory(container) is not None
+        ]
+        """Containers that declare ``headroom.dev/gpu-memory`` yet ask for no GPU."""
         self.changes: list[str] = []
         """What was rewritten (shown as such, or as "would" in a dry run)."""
         self.notes: list[str] = []
@@ -136,6 +169,10 @@ class Rewrite:
         known = {container.name for container in containers(self.pod)}
         for name in sorted(set(declared.per_container) - known):
             self.notes.append(f"annotation {names.ANNOTATION_GPU_MEMORY}.{name} names no container")
+        for container in self.unplaced:
+            declared.check_unplaced(container)
+        if not self.requests:
+            return  # only such containers: nothing to place, schedule or annotate
         placed = [self._place(request, policy, declared) for request in self.requests]
         for item in placed:
             self._set_resource(item)

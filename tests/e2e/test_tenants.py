@@ -186,6 +186,39 @@ def test_gpu_memory_without_a_shared_slot_is_refused(
     assert code == 0, out
 
 
+def test_a_shared_count_of_zero_is_no_slot(cluster: Cluster, namespace: NamespaceFactory) -> None:
+    # nvidia.com/gpu.shared: 0 asks for no GPU; beside declared memory it would carry
+    # memory past maxMemory and past the rule above. The webhook refuses it first...
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    padded = gpu_pod(ns, "padded", memory="4Gi")
+    padded["spec"]["containers"].append(
+        {
+            "name": "pad",
+            "image": "busybox",
+            "resources": {"limits": {names.GPU_SHARED: "0", names.GPU_MEMORY: "60Gi"}},
+        }
+    )
+    code, out = create(cluster, padded, f"--as={TENANT}")
+    assert code != 0, out
+    assert f'container "pad" asks for {names.GPU_SHARED}: 0 beside {names.GPU_MEMORY}' in out, out
+
+    # ...and the admission policy, which counts a slot only above 0, where the
+    # webhook only reports (a dry-run policy).
+    dry = namespace("gpu-shared-dryrun")
+    tenant_of(cluster, dry)
+    zero = shared_pod(dry, "zero")
+    zero["spec"]["containers"][0]["resources"]["limits"][names.GPU_SHARED] = "0"
+    code, out = create(cluster, zero, f"--as={TENANT}")
+    assert code != 0, out
+    assert (
+        'container "main" declares headroom.dev/gpu-memory without asking for '
+        "nvidia.com/gpu.shared" in out
+    ), out
+    assert pods(cluster, ns) == []
+    assert pods(cluster, dry) == []
+
+
 def test_quota_on_gpu_memory_and_a_warning_for_a_bypassed_gpu_quota(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:

@@ -74,14 +74,24 @@ async def test_filter_node_list_mode_echoes_the_nodes_it_keeps(harness: Harness)
     assert set(result["FailedNodes"]) == {"gpu-a", "gpu-c"}
 
 
-async def test_filter_pod_without_shared_or_mig_resource_passes_every_node(
-    harness: Harness,
+@pytest.mark.parametrize(
+    "limits",
+    [{"cpu": "1"}, {names.GPU_SHARED: "0"}, {names.GPU_SHARED: "0", "nvidia.com/mig-1g.5gb": "0"}],
+    ids=["no-gpu", "zero-shared", "zero-shared-and-mig"],
+)
+async def test_filter_refuses_a_pod_without_shared_or_mig_resource_everywhere(
+    harness: Harness, limits: dict[str, str]
 ) -> None:
+    # kube-scheduler sends a pod naming a managed resource even at a count of 0, and
+    # this extender is then its binder; the bind would refuse it on every retry.
     args = fixture("filter-node-names.json")
-    args["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    args["Pod"]["spec"]["containers"][0]["resources"] = {"limits": limits}
     harness.ready[0] = False  # not even readiness matters for such a pod
     status, result = await post(harness, "filter", args)
-    assert (status, result["NodeNames"], result["FailedNodes"]) == (200, args["NodeNames"], {})
+    assert (status, result["NodeNames"], result["FailedNodes"]) == (200, [], {})
+    reason = "the headroom extender binds only pods asking for a shared GPU or MIG slice"
+    assert result["FailedAndUnresolvableNodes"] == dict.fromkeys(args["NodeNames"], reason)
+    assert result["Error"] == ""
 
 
 async def test_filter_before_caches_sync_is_an_error(harness: Harness) -> None:

@@ -63,6 +63,38 @@ def test_rule5_above_max_memory_is_denied_naming_both() -> None:
     )
 
 
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu.shared", "nvidia.com/gpu"])
+def test_rule5_a_zero_gpu_count_beside_declared_memory_is_denied_naming_the_field(
+    resource: str,
+) -> None:
+    # A count of 0 asks for no GPU, so the container is placed nowhere; its memory
+    # resource would still be charged to the pod, past maxMemory and with no slot.
+    pad = {resource: "0", "headroom.dev/gpu-memory": "60Gi"}
+    for pod in (gpu_pod({"nvidia.com/gpu": "1"}, pad), gpu_pod({"cpu": "1"}, pad)):
+        decision = run(pod)
+        assert (decision.allowed, decision.outcome, decision.patch) == (False, "denied", [])
+        assert decision.message == (
+            f'container "c1" asks for {resource}: 0 beside headroom.dev/gpu-memory '
+            f"(spec.containers[1].resources.limits[{resource}]): a count of 0 is no GPU, "
+            "so no slot backs the memory; ask for 1 or drop headroom.dev/gpu-memory"
+        )
+
+
+def test_rule5_max_memory_holds_for_every_container_that_declares_memory() -> None:
+    # c1 asks for no GPU (a ValidatingAdmissionPolicy refuses that too); its memory
+    # is charged to the pod all the same, so the policy's maximum applies to it.
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, {"headroom.dev/gpu-memory": "60Gi"})
+    decision = run(pod)
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert decision.message == (
+        'container "c1" declares 60Gi of GPU memory, above maxMemory 20Gi of policy gpu-shared'
+    )
+
+
+def test_rule5_a_zero_gpu_count_alone_is_still_no_gpu_pod() -> None:
+    assert run(gpu_pod({"nvidia.com/gpu.shared": "0"})).outcome == "skipped"
+
+
 @pytest.mark.parametrize(
     ("key", "value", "problem"),
     [
@@ -138,3 +170,9 @@ def test_rule5_placement_follows_the_policy() -> None:
         run(gpu_pod({"nvidia.com/gpu": "1"}), policy).annotations["headroom.dev/placement"]
         == "spread"
     )
+
+
+def test_rule5_memory_within_max_on_a_pod_asking_for_no_gpu_changes_nothing() -> None:
+    # The admission policy refuses memory that no slot backs; the webhook adds nothing to it.
+    decision = run(gpu_pod({"headroom.dev/gpu-memory": "8Gi"}))
+    assert (decision.allowed, decision.outcome, decision.patch) == (True, "unchanged", [])
