@@ -1,11 +1,31 @@
 """The run-time guard: a pod holding more GPU memory than it declared.
 
 Declared memory (the pod's ``headroom.dev/gpu-memory`` resource, written by the
-webhook and immutable; never an annotation a tenant could patch) is per GPU,
-so the guard compares it with the pod's largest usage on any one GPU or MIG
-device. A pod must be over for ``grace`` consecutive observations before
-anything happens, so one spike between two ticks is ignored. Then, once per
-episode (an episode ends when the pod is back within its declaration):
+webhook and immutable; never an annotation a tenant could patch) is per GPU.
+A pod is over its declaration when, in one report:
+
+- it holds memory on a GPU or MIG device kubelet did not allocate to it, once
+  the report says which it was allocated (``allocated``, from kubelet's
+  PodResources): ``NVIDIA_VISIBLE_DEVICES`` set by the pod or its image can
+  reach GPUs the device plugin never gave it;
+- it holds more than its declaration on any one device;
+- it holds more than its declaration times its GPU count (shared replicas and
+  MIG slices) across all devices: with no allocations to go by, this still
+  catches one replica's worth spread over many GPUs.
+
+A pod that asks for no GPU resource at all, yet holds GPU memory, reached the
+GPUs through the runtime, not the device plugin (README, "Hardening the NVIDIA
+stack"). On a node whose GPUs Headroom shares -- some pod there asks for a
+shared replica or a MIG slice; the device plugin shares per node -- it counts
+as declaring 0, so any memory it holds is over. On a whole-GPU node nothing is
+charged by declaration and such pods are left alone (so is one on a shared
+node no shared pod has reached yet: it starves no one until one does). Shared
+pods admitted before declarations were resources (the extender charges them
+the whole GPU) and pods of whole GPUs have no measure here either.
+
+A pod must be over for ``grace`` consecutive observations before anything
+happens, so one spike between two ticks is ignored. Then, once per episode (an
+episode ends when the pod is back within its declaration):
 
 - a Warning Event ``GPUMemoryOverDeclared`` on the pod, unless the policy's
   ``guard`` is ``off``;
@@ -22,10 +42,13 @@ guard stricter: it carries no word of the admin's, and a namespace relabelled
 to a laxer policy applies to the pods already running there.
 
 A namespace without the label, or naming a policy that is gone or invalid, is
-treated as ``warn``: the guard never evicts without a policy that says so. A
-namespace the agent has not seen yet (its informer has not listed) defers the
-verdict, since ``warn`` there could be weaker than the namespace's ``evict``;
-the over-streak keeps counting meanwhile. This module decides; the service acts.
+treated as ``warn``: the guard never evicts without a policy that says so. So
+the node's own system pods (the device plugin, monitoring, this agent), which
+live in namespaces no policy names, get at most an Event, once per episode.
+A namespace the agent has not seen yet (its informer has not listed) defers
+the verdict, since ``warn`` there could be weaker than the namespace's
+``evict``; the over-streak keeps counting meanwhile. This module decides; the
+service acts.
 """
 
 import logging
@@ -35,7 +58,7 @@ from typing import Any, Literal
 
 from headroom import names
 from headroom.claims import parse_claim
-from headroom.podspec import PodError
+from headroom.podspec import PodError, gpu_requests
 from headroom.policy import GPUSharingPolicy
 from headroom.quantity import human_bytes
 from headroom.reports import ReportStatus
@@ -79,26 +102,98 @@ def guard_action(
     return policy.spec.guard if policy is not None else DEFAULT_ACTION
 
 
-def declared_bytes(pod: Pod) -> int | None:
-    """The pod's declared memory per GPU, read as the extender reads it (headroom.claims)."""
-    try:
-        return parse_claim(pod).declared
-    except PodError:
-        return None  # the apiserver validated the pod's resources; a bad shape is not ours
+@dataclass(frozen=True)
+class DeviceUse:
+    """What one pod holds on one GPU or MIG device."""
+
+    where: str
+    used: int
+    allocated: bool
+    """kubelet allocated this device to the pod (the report's ``allocated``)."""
 
 
-def peak_usage(status: ReportStatus) -> dict[str, tuple[int, str]]:
-    """Per pod UID: its largest usage on one device, and where that is."""
-    peaks: dict[str, tuple[int, str]] = {}
+@dataclass(frozen=True)
+class Allowance:
+    """What a pod may hold: ``declared`` bytes per GPU on up to ``gpus`` devices."""
+
+    declared: int
+    gpus: int = 1
+    asks_no_gpu: bool = False
+    """It asks for no GPU resource: ``declared`` is 0, on a node whose GPUs Headroom
+    shares only (:meth:`Guard.observe` checks the node)."""
+
+
+def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
+    """Per pod UID: what it holds on each GPU and MIG device the report lists it on."""
+    usage: dict[str, list[DeviceUse]] = {}
     for gpu in status.gpus:
         where = f"gpu {gpu.index} ({gpu.product})" if gpu.product else f"gpu {gpu.index}"
         places = [(where, gpu.pods)]
         places += [(f"{where} MIG {d.profile or d.uuid}", d.pods) for d in gpu.mig_devices]
         for place, pods in places:
             for pod in pods:
-                if pod.used_bytes > peaks.get(pod.uid, (-1, ""))[0]:
-                    peaks[pod.uid] = (pod.used_bytes, place)
-    return peaks
+                usage.setdefault(pod.uid, []).append(
+                    DeviceUse(place, pod.used_bytes, pod.allocated)
+                )
+    return usage
+
+
+def shares_gpus(pods: Mapping[str, Pod]) -> bool:
+    """Whether Headroom shares this node's GPUs: a pod on it asks for a shared replica or
+    a MIG slice (time-slicing and MIG are configured per node)."""
+    for pod in pods.values():
+        try:
+            if parse_claim(pod).wants_gpu:
+                return True
+        except PodError:
+            continue
+    return False
+
+
+def allowance(pod: Pod) -> Allowance | None:
+    """What the pod may hold, read as the extender reads it (headroom.claims); None
+    when the guard has no measure for it (a legacy shared pod, whole GPUs)."""
+    try:
+        claim = parse_claim(pod)
+        if claim.declared is not None:
+            return Allowance(claim.declared, max(claim.shared + sum(claim.mig.values()), 1))
+        if not gpu_requests(pod):
+            return Allowance(0, asks_no_gpu=True)
+    except PodError:
+        pass  # the apiserver validated the pod's resources; a bad shape is not ours
+    return None
+
+
+def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
+    """Why the pod holds more than it may, for its Event; "" when it does not."""
+    if any(device.allocated for device in devices):
+        outside = [device for device in devices if not device.allocated and device.used > 0]
+        if outside:
+            stray = max(outside, key=lambda device: device.used)
+            return (
+                f"uses {human_bytes(stray.used)} of GPU memory on {stray.where}, "
+                "a GPU kubelet did not allocate to it"
+            )
+    peak = max(devices, key=lambda device: device.used)
+    if peak.used > allowed.declared:
+        if allowed.asks_no_gpu:
+            return (
+                f"uses {human_bytes(peak.used)} of GPU memory on {peak.where} and asks for "
+                "no GPU, so it counts as declaring 0 on a node whose GPUs are shared"
+            )
+        return (
+            f"uses {human_bytes(peak.used)} of GPU memory on {peak.where}, above its "
+            f"declared {human_bytes(allowed.declared)} ({names.GPU_MEMORY})"
+        )
+    total = sum(device.used for device in devices)
+    if total > allowed.declared * allowed.gpus:
+        held = sum(1 for device in devices if device.used > 0)
+        return (
+            f"uses {human_bytes(total)} of GPU memory across {held} GPUs, above its declared "
+            f"{human_bytes(allowed.declared)} per GPU ({names.GPU_MEMORY}) times the "
+            f"{allowed.gpus} it asked for"
+        )
+    return ""
 
 
 class Guard:
@@ -116,25 +211,32 @@ class Guard:
         namespaces: Mapping[str, Namespace],
     ) -> list[Verdict]:
         """What to do after one observation; ``pods`` is keyed by UID, ``namespaces`` by name."""
-        peaks = peak_usage(status)
+        usage = usage_by_pod(status)
         verdicts: list[Verdict] = []
         for uid in list(self._episodes):
-            if uid not in pods or uid not in peaks:
+            if uid not in pods or uid not in usage:
                 del self._episodes[uid]  # gone, or holds no GPU memory now: not over
-        for uid, (used, where) in sorted(peaks.items()):
+        shared_node: bool | None = None  # read once, and only for a pod asking for no GPU
+        for uid, devices in sorted(usage.items()):
             pod = pods.get(uid)
-            declared = declared_bytes(pod) if pod is not None else None
-            if pod is None or declared is None:
+            allowed = allowance(pod) if pod is not None else None
+            if pod is None or allowed is None:
                 continue
+            if allowed.asks_no_gpu:
+                if shared_node is None:
+                    shared_node = shares_gpus(pods)
+                if not shared_node:
+                    continue
+            reason = overuse(devices, allowed)
             episode = self._episodes.setdefault(uid, _Episode())
-            if used <= declared:
+            if not reason:
                 self._episodes[uid] = _Episode()  # back within bounds: the episode is over
                 continue
             episode.streak += 1
             action = guard_action(pod, policies, namespaces)
             if episode.streak < self.grace or action is None:
                 continue
-            verdicts += self._act(episode, pod, action, used, declared, where)
+            verdicts += self._act(episode, pod, action, reason)
         return verdicts
 
     def event_failed(self, uid: str) -> None:
@@ -147,15 +249,7 @@ class Guard:
         if uid in self._episodes:
             self._episodes[uid].evicted = False
 
-    def _act(
-        self,
-        episode: _Episode,
-        pod: Pod,
-        action: GuardAction,
-        used: int,
-        declared: int,
-        where: str,
-    ) -> list[Verdict]:
+    def _act(self, episode: _Episode, pod: Pod, action: GuardAction, reason: str) -> list[Verdict]:
         if action == "off":
             return []
         metadata = pod.get("metadata") or {}
@@ -164,16 +258,10 @@ class Guard:
         verdicts = []
         if not episode.warned:
             episode.warned = True
-            message = (
-                f"uses {human_bytes(used)} of GPU memory on {where}, above its declared "
-                f"{human_bytes(declared)} ({names.GPU_MEMORY})"
-            )
-            if action == "evict":
-                message += "; policy guard is evict: evicting"
+            message = reason + ("; policy guard is evict: evicting" if action == "evict" else "")
             verdicts.append(Verdict("event", namespace, name, uid, message))
         terminating = bool(metadata.get("deletionTimestamp"))
         if action == "evict" and not episode.evicted and not terminating:
             episode.evicted = True
-            message = f"GPU memory {human_bytes(used)} above declared {human_bytes(declared)}"
-            verdicts.append(Verdict("evict", namespace, name, uid, message))
+            verdicts.append(Verdict("evict", namespace, name, uid, reason))
         return verdicts

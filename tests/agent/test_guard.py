@@ -259,3 +259,108 @@ async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
     rendered = agent.metrics.render().decode()
     assert 'headroom_agent_guard_actions_total{kind="evict-refused"} 1.0' in rendered
     assert 'headroom_agent_guard_actions_total{kind="evict"} 1.0' in rendered
+
+
+def no_gpu(uid: str, namespace: str) -> dict[str, Any]:
+    """A pod asking for no GPU resource, as one with NVIDIA_VISIBLE_DEVICES=all in its
+    env or image would be (the runtime, not the device plugin, gives it the GPUs)."""
+    bare = pod(uid, uid, namespace=namespace)
+    bare["spec"]["containers"][0]["resources"] = {}
+    return bare
+
+
+def gpus(
+    usage: dict[int, dict[str, int]], allocated: dict[int, set[str]] | None = None
+) -> ReportStatus:
+    """A node whose GPU ``index`` holds ``{uid: bytes}``; ``allocated``: what kubelet gave."""
+    given = allocated or {}
+    return ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[
+            GPUUsage(
+                index=index,
+                uuid=f"GPU-{index}",
+                total_bytes=40 * GIB,
+                used_bytes=sum(held.values()),
+                free_bytes=40 * GIB - sum(held.values()),
+                pods=[
+                    PodUsage(
+                        uid=uid,
+                        namespace="ns",
+                        name=uid,
+                        used_bytes=used,
+                        allocated=uid in given.get(index, set()),
+                    )
+                    for uid, used in held.items()
+                ],
+            )
+            for index, held in usage.items()
+        ],
+    )
+
+
+def test_a_pod_asking_for_no_gpu_counts_as_declaring_0_on_a_shared_node() -> None:
+    # NVIDIA_VISIBLE_DEVICES=all reaches every GPU without a GPU resource (README,
+    # "Hardening the NVIDIA stack"); the shared pod "a" makes this a shared GPU node.
+    guard = Guard(grace=1)
+    pods = {"a": guarded("a", "std"), "env": no_gpu("env", "ns-strict")}
+    verdicts = guard.observe(gpus({0: {"a": 2 * GIB, "env": 20 * GIB}}), pods, POLICIES, NAMESPACES)
+    assert [(v.uid, v.kind) for v in verdicts] == [("env", "event"), ("env", "evict")]
+    assert verdicts[0].message.startswith(
+        "uses 20.0 GiB of GPU memory on gpu 0 and asks for no GPU, so it counts as declaring 0"
+    )
+
+
+def test_a_pod_asking_for_no_gpu_in_a_namespace_without_a_policy_is_only_warned() -> None:
+    # System pods (the device plugin, monitoring) live in namespaces no policy names.
+    guard = Guard(grace=1)
+    pods = {"a": guarded("a", "std"), "sys": no_gpu("sys", "plain")}
+    verdicts = guard.observe(gpus({0: {"a": GIB, "sys": GIB}}), pods, POLICIES, NAMESPACES)
+    assert [(v.uid, v.kind) for v in verdicts] == [("sys", "event")]
+
+
+def test_pods_asking_for_no_gpu_are_left_alone_where_no_pod_shares_a_gpu() -> None:
+    # A whole-GPU node: nothing there is charged by declared memory.
+    guard = Guard(grace=1)
+    whole = pod("w", "w", namespace="ns-strict", resource="nvidia.com/gpu")
+    pods = {"w": whole, "env": no_gpu("env", "ns-strict")}
+    assert (
+        guard.observe(gpus({0: {"w": 30 * GIB, "env": 5 * GIB}}), pods, POLICIES, NAMESPACES) == []
+    )
+
+
+def test_usage_on_a_gpu_kubelet_did_not_allocate_counts_against_the_pod() -> None:
+    # Within its 10 GiB on each GPU, but kubelet gave it gpu 0 only.
+    guard = Guard(grace=1)
+    pods = {"o": guarded("o", "strict")}
+    report = gpus({0: {"o": 10 * GIB}, 1: {"o": 10 * GIB}}, allocated={0: {"o"}})
+    verdicts = guard.observe(report, pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts] == ["event", "evict"]
+    assert verdicts[0].message.startswith(
+        "uses 10.0 GiB of GPU memory on gpu 1, a GPU kubelet did not allocate to it"
+    )
+
+
+def test_without_allocations_the_total_across_gpus_counts_against_the_pod() -> None:
+    # kubelet's PodResources unreadable: one shared replica cannot hold 2 GPUs' worth.
+    guard = Guard(grace=1)
+    pods = {"o": guarded("o", "std")}
+    verdicts = guard.observe(
+        gpus({0: {"o": 6 * GIB}, 1: {"o": 6 * GIB}}), pods, POLICIES, NAMESPACES
+    )
+    assert [v.kind for v in verdicts] == ["event"]
+    assert verdicts[0].message.startswith(
+        "uses 12.0 GiB of GPU memory across 2 GPUs, above its declared 10.0 GiB per GPU"
+    )
+
+
+def test_a_pod_within_its_declaration_on_each_gpu_it_was_given_is_not_over() -> None:
+    guard = Guard(grace=1)
+    two = guarded("t", "strict")
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu.shared"] = "2"
+    report = gpus({0: {"t": 10 * GIB}, 1: {"t": 10 * GIB}}, allocated={0: {"t"}, 1: {"t"}})
+    assert guard.observe(report, {"t": two}, POLICIES, NAMESPACES) == []
+    unlocated = gpus({0: {"t": 10 * GIB}, 1: {"t": 10 * GIB}})
+    assert guard.observe(unlocated, {"t": two}, POLICIES, NAMESPACES) == []
