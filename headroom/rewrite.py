@@ -292,7 +292,10 @@ class Rewrite:
         for index, entry in enumerate(env):
             if not isinstance(entry, dict):
                 raise PodError(f"{where}[{index}]: expected an object, got {json_type(entry)}")
-            present.add(entry.get("name"))
+            name = entry.get("name")
+            if not isinstance(name, str):
+                raise PodError(f"{where}[{index}].name: expected a string, got {json_type(name)}")
+            present.add(name)
         hints = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
         if spec.sharing == "mps" and item.memory is not None:
             hints["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_limit(item.memory)}"

@@ -172,3 +172,12 @@ def test_rule8_no_hints_beside_envfrom_which_may_set_them() -> None:
 def test_rule8_no_hints_for_whole_gpus() -> None:
     pod = load_pod("dcgmproftester-2gpu-deployment")
     assert "env" not in container(patched(pod, run(pod, scheduling_policy(envHints=True))))
+
+
+def test_rule8_an_env_name_that_is_not_a_string_is_denied_naming_it() -> None:
+    # Found by the garbage property test: an unhashable name raised TypeError.
+    pod = load_pod("tensorflow-deployment")
+    container(pod)["env"] = [{"name": ["TF_FORCE_GPU_ALLOW_GROWTH"], "value": "false"}]
+    decision = run(pod, scheduling_policy(envHints=True))
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert decision.message == "spec.containers[0].env[0].name: expected a string, got array"
