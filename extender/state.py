@@ -509,10 +509,10 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
 
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:
-    """``report`` as the last good one, a GPU NVML failed to read keeping its last reading."""
-    failed = {gpu.index for gpu in report.gpus if gpu.error}
-    if not failed:
+    """``report`` as the last good one, a GPU NVML failed to read, or that ``report``
+    leaves out, keeping its last reading."""
+    read = {gpu.index for gpu in report.gpus if not gpu.error}
+    kept = [g for g in (last.gpus if last is not None else []) if g.index not in read]
+    if not kept and len(read) == len(report.gpus):
         return report
-    kept = [g for g in (last.gpus if last is not None else []) if g.index in failed and not g.error]
-    gpus = [g for g in report.gpus if not g.error] + kept
-    return replace(report, gpus=gpus)
+    return replace(report, gpus=[g for g in report.gpus if not g.error] + kept)

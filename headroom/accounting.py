@@ -204,20 +204,17 @@ def account_node(
     if report is not None and source == "report":
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
-        report, failed = _readable(report)
+        report, failed = _readable(node, report)
         gpus = _measured(node, live, report, margin, history, now)
         if failed:
-            # One GPU NVML could not read is accounted as a stale one; the others stay measured.
+            # A GPU NVML could not read, or that the report leaves out, is accounted
+            # as a stale one; the others stay measured.
             evidence = [r for r in (last_good, report) if r is not None]
             fallback = {
                 g.index: g for g in _declared_only(node, live, evidence, margin, history, now)
             }
             gpus = [fallback.get(g.index, g) if g.index in failed else g for g in gpus]
-            note = "; ".join(
-                filter(
-                    None, (note, *(f"NVML error on GPU {i}: {failed[i]}" for i in sorted(failed)))
-                )
-            )
+            note = "; ".join(filter(None, (note, *(failed[i] for i in sorted(failed)))))
     else:
         evidence = [r for r in (last_good, report) if r is not None]
         gpus = _declared_only(node, live, evidence, margin, history, now)
@@ -364,10 +361,22 @@ def _measured(
     ]
 
 
-def _readable(report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:
-    """The report without the GPUs NVML failed to read, and each one's error."""
-    failed = {gpu.index: gpu.error for gpu in report.gpus if gpu.error}
-    if failed:
+def _readable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:
+    """The report without the GPUs NVML failed to read, and why for each GPU it did
+    not measure: an NVML error, or missing from the report.
+
+    A GPU of the node that a fresh report leaves out (an agent bug, NVML listing
+    7 of 8, a forgery) was not measured empty: it is read as one NVML failed to
+    read, so that what was last seen on it keeps counting.
+    """
+    failed = {
+        gpu.index: f"NVML error on GPU {gpu.index}: {gpu.error}" for gpu in report.gpus if gpu.error
+    }
+    listed = {gpu.index for gpu in report.gpus}
+    for index in range(node.count):
+        if index not in listed:
+            failed[index] = f"GPU {index} missing from the GPUNodeReport"
+    if any(gpu.error for gpu in report.gpus):
         report = replace(report, gpus=[g for g in report.gpus if not g.error])
     return report, failed
 

@@ -210,3 +210,24 @@ def test_one_failing_gpu_keeps_its_last_reading_and_the_others_stay_measured() -
     again = state.account("gpu-a")
     assert again is not None
     assert again.gpus[0].headroom == gpu0.headroom
+
+
+def test_a_gpu_missing_from_a_fresh_report_keeps_its_last_reading() -> None:
+    # GPU 1 holds 34 GiB of a foreign process; a report that leaves GPU 1 out (an
+    # agent bug, NVML listing 1 of 2, a forgery) must not read as GPU 1 empty.
+    pod = gpu_pod("a", node="gpu-a", declared="2Gi")
+    state, clock = state_with(gpu_node("gpu-a", gpus=2), pod)
+    state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {uid_of(pod): GIB}, 1: {}}, unattributed={1: 34 * GIB})
+    )
+    before = headroom(state)
+    assert before == 40 * GIB - 34 * GIB - MARGIN
+    for seconds in (5, 10):  # and a second such report does not forget it either
+        clock.now += 5
+        at = EPOCH + timedelta(seconds=seconds)
+        state.on_report("MODIFIED", gpu_report("gpu-a", {0: {uid_of(pod): GIB}}, at=at))
+        assert headroom(state) <= before
+    account = state.account("gpu-a")
+    assert account is not None
+    assert [gpu.index for gpu in account.gpus] == [0, 1]
+    assert "GPU 1 missing from the GPUNodeReport" in account.note

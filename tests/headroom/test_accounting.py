@@ -186,6 +186,27 @@ def test_a_one_replica_pod_allocated_on_two_gpus_is_not_located() -> None:
     assert not any(p.located for g in result.gpus for p in g.pods)
 
 
+def test_a_gpu_missing_from_a_fresh_report_is_read_as_failed() -> None:
+    # An agent (or NVML enumerating 1 of 2) that leaves GPU 1 out has not measured it
+    # empty: its last reading (34 GiB of a foreign process) keeps counting.
+    node = a100(count=2)
+    last_good = report({0: {"a": 1}, 1: {}}, unattributed={1: 34})
+    result = account_node(
+        node,
+        [pod("a", 2)],
+        report({0: {"a": 1}}),
+        now=NOW,
+        margin=MARGIN,
+        stale_after=STALE_AFTER,
+        last_good=last_good,
+    )
+    gpu0, gpu1 = result.gpus
+    assert gpu0.headroom == 40 * GIB - 2 * GIB - MARGIN  # still measured
+    assert gpu1.headroom <= 40 * GIB - 34 * GIB - MARGIN
+    assert "GPU 1 missing from the GPUNodeReport" in result.note
+    assert not fit(result, pod("new", 20)).fits
+
+
 def test_tightest_gpu_decides_fit_on_a_multi_gpu_node() -> None:
     node = a100(count=2)
     result = account(node, [pod("big", 30)], report({0: {"big": 30}, 1: {}}))
