@@ -10,10 +10,16 @@ A pod the device plugin gave a GPU (``GPU.allocated``: kubelet's PodResources
 answer, or the simulation's choice) is listed on it with ``allocated: true``,
 at 0 bytes until it holds memory: the extender then knows its GPU from the
 moment kubelet admits it, not from its first ``cudaMalloc``.
+
+A GPU NVML cannot read is written with the figures it was last read with,
+marked with the error; with NVML unavailable on the whole node, every GPU of
+the last report is, marked with why. Zero figures would say an empty GPU to an
+extender without an earlier reading of its own (restarted, or the Node
+re-created), and it would place pods beside memory it no longer sees.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -53,8 +59,14 @@ def build_status(
     heartbeat_seconds: int | None = None,
 ) -> ReportStatus:
     """The report for one tick. ``pods`` is keyed by pod UID; ``failure`` is set
-    (and ``snapshot`` None) when the backend could not measure."""
-    gpus = [] if snapshot is None else [_gpu(gpu, pods, resolve) for gpu in snapshot.gpus]
+    (and ``snapshot`` None) when the backend could not measure; ``previous`` is the
+    last tick's report, whose figures a GPU that cannot be read now keeps."""
+    last = previous.gpus if previous is not None else []
+    if snapshot is not None:
+        gpus = _with_last_good([_gpu(gpu, pods, resolve) for gpu in snapshot.gpus], last)
+    else:
+        why = f"{failure.reason}: {failure.message}" if failure is not None else "not measured"
+        gpus = [replace(gpu, error=why) for gpu in last]
     condition = _availability(backend, failure, observed_at, previous)
     return ReportStatus(
         node_name=node_name,
@@ -88,6 +100,16 @@ def _availability(
         message=message[:1024],  # the CRD's limits: a longer write would be refused
         last_transition_time=since or now,
     )
+
+
+def _with_last_good(gpus: list[GPUUsage], previous: Iterable[GPUUsage]) -> list[GPUUsage]:
+    """``gpus``, each one NVML failed to read with its figures in ``previous`` (the last
+    good ones, carried from tick to tick) and its new error."""
+    last = {gpu.index: gpu for gpu in previous}
+    return [
+        replace(last[gpu.index], error=gpu.error) if gpu.error and gpu.index in last else gpu
+        for gpu in gpus
+    ]
 
 
 def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:

@@ -124,9 +124,15 @@ class Allowance:
 
 
 def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
-    """Per pod UID: what it holds on each GPU and MIG device the report lists it on."""
+    """Per pod UID: what it holds on each GPU and MIG device the report lists it on.
+
+    Not on a GPU NVML failed to read: its figures are the last it read
+    (agent.attribution), evidence for the extender, not what a pod holds now.
+    """
     usage: dict[str, list[DeviceUse]] = {}
     for gpu in status.gpus:
+        if gpu.error:
+            continue
         where = f"gpu {gpu.index} ({gpu.product})" if gpu.product else f"gpu {gpu.index}"
         places = [(where, gpu.pods)]
         places += [(f"{where} MIG {d.profile or d.uuid}", d.pods) for d in gpu.mig_devices]

@@ -4,7 +4,8 @@ Writes are bounded. A report is written when it differs *significantly* from
 the last one written -- a GPU's used, free or unattributed memory, or a pod's
 usage, moved by more than ``max(threshold_bytes, threshold_fraction * GPU
 total)``; a pod, GPU or MIG device appeared or went; a pod started or stopped
-starving, or kubelet's word on its GPU came or went; a condition changed -- and
+starving, or kubelet's word on its GPU came or went; a GPU's NVML error came,
+changed or went; a condition changed -- and
 otherwise once per ``heartbeat_seconds``, so readers can tell a live agent from
 a dead one by ``observedAt``.
 
@@ -62,6 +63,8 @@ def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None
         before, after = getattr(old, what), getattr(new, what)
         if abs(after - before) > limit:
             return f"{what} moved {human_bytes(after - before)}"
+    if old.error != new.error:
+        return "NVML error changed"  # a failing GPU keeps its last figures: only this says
     if old.mig_enabled != new.mig_enabled:
         return "MIG mode changed"
     old_migs = {device.uuid: device for device in old.mig_devices}

@@ -133,7 +133,6 @@ class ClusterState:
             return
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
-            self.last_good.pop(node.name, None)
             self.departures.pop(node.name, None)
         else:
             self.nodes[node.name] = node
@@ -481,6 +480,10 @@ class ClusterState:
         return True
 
     def _touch(self, node: str) -> None:
+        if node not in self.nodes and node not in self.reports and node not in self._on_node:
+            # Kept while the Node is gone but its report or pods remain (kubelet
+            # re-registers within pod GC's 40 s): a re-created Node keeps it.
+            self.last_good.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
         self.shared_headroom.pop(node, None)
@@ -510,9 +513,11 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:
     """``report`` as the last good one, a GPU NVML failed to read, or that ``report``
-    leaves out, keeping its last reading."""
+    leaves out, keeping its last reading: the one seen here, else the one the agent carries."""
     read = {gpu.index for gpu in report.gpus if not gpu.error}
     kept = [g for g in (last.gpus if last is not None else []) if g.index not in read]
     if not kept and len(read) == len(report.gpus):
         return report
-    return replace(report, gpus=[g for g in report.gpus if not g.error] + kept)
+    known = read | {g.index for g in kept}
+    carried = [g for g in report.gpus if g.index not in known]
+    return replace(report, gpus=[g for g in report.gpus if not g.error] + kept + carried)

@@ -29,7 +29,8 @@ GPU's total minus the margin, wherever the device plugin puts them.
 Missing or stale reports (older than ``stale_after``, or NVML unavailable): the
 totals come from the ``nvidia.com/gpu.memory`` label (never above what a stale
 report said), every pod is charged to every GPU, by its declaration or by the
-most a stale report saw it hold, whichever is more; nothing a stale report says
+most a stale report, the last good one or the figures an agent carries for a
+GPU it cannot read saw it hold, whichever is more; nothing a stale report says
 can raise headroom above the declarations-only figure.
 
 Shared pods without a declared ``headroom.dev/gpu-memory`` resource (admitted by
@@ -195,7 +196,9 @@ def account_node(
     ``last_good`` is the node's last report that was fresh, readable and measured
     (NVML available) when it came: when ``report`` is not usable, what it observed
     keeps counting -- per pod the most it held, per GPU its unattributed memory --
-    until a fresh measured report replaces it. A fault never raises headroom.
+    until a fresh measured report replaces it. So do the figures ``report`` itself
+    carries for GPUs NVML could not read (the agent's last good ones, marked with
+    the error), which survive an extender restart. A fault never raises headroom.
     """
     live = [c for c in claims if not c.terminated]
     source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
@@ -204,11 +207,12 @@ def account_node(
     if report is not None and source == "report":
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
-        report, failed = _readable(node, report)
-        gpus = _measured(node, live, report, margin, history, now)
+        readable, failed = _readable(node, report)
+        gpus = _measured(node, live, readable, margin, history, now)
         if failed:
             # A GPU NVML could not read, or that the report leaves out, is accounted
-            # as a stale one; the others stay measured.
+            # as a stale one, with the figures the agent carries for it (the last it
+            # read) as evidence beside the extender's own; the others stay measured.
             evidence = [r for r in (last_good, report) if r is not None]
             fallback = {
                 g.index: g for g in _declared_only(node, live, evidence, margin, history, now)

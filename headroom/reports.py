@@ -78,7 +78,10 @@ class GPUUsage:
     unattributed_bytes: int = Field(default=0, ge=0)
     """Memory NVML sees in use that belongs to no pod the agent knows."""
     error: str = ""
-    """Why NVML could not read this GPU; its figures are then not measurements."""
+    """Why NVML could not read this GPU now (or, with NVML unavailable, the node).
+    Its figures are then the last the agent read (zero if none): evidence to
+    charge, not a measurement. They used to be zeros; a reader that ignores them
+    charges what it did then, so this is no schema bump."""
 
 
 @dataclass(config=_CONFIG, slots=True, kw_only=True)

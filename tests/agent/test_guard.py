@@ -2,6 +2,7 @@
 and the policy taken from the pod's namespace, never from what a tenant may patch."""
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,6 +93,16 @@ def test_a_single_spike_is_ignored() -> None:
     assert (
         guard.observe(report({"a": 12 * GIB}), pods, POLICIES, NAMESPACES) == []
     )  # the count restarted
+
+
+def test_figures_carried_for_a_gpu_nvml_cannot_read_are_not_judged() -> None:
+    # The agent reports such a GPU with its last good figures: evidence for the
+    # extender, not a measurement of what a pod holds now.
+    guard = Guard(grace=1)
+    pods = {"a": guarded("a", "strict")}
+    failing = report({"a": 12 * GIB})
+    failing = replace(failing, gpus=[replace(failing.gpus[0], error="NVMLError_Unknown")])
+    assert guard.observe(failing, pods, POLICIES, NAMESPACES) == []
 
 
 def test_warn_records_one_event_per_episode() -> None:

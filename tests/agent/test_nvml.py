@@ -179,3 +179,54 @@ def test_an_nvml_error_on_one_gpu_marks_that_gpu_and_keeps_the_others() -> None:
     assert first.total_bytes > 0
     assert second.index == 1
     assert "NVML error reading GPU 1" in second.error
+
+
+def reporting_agent(nvml: PynvmlDouble, clock: Clock) -> Agent:
+    return Agent(
+        node_name="gpu-node-1",
+        probe=NvmlProbe(nvml, retry_seconds=60, clock=clock.monotonic),
+        reporter=Reporter(WriterDouble(), clock=clock.monotonic),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=dict,
+        clock=clock.now,
+    )
+
+
+async def test_a_gpu_nvml_cannot_read_is_reported_with_its_last_good_figures() -> None:
+    # Zero figures would read as an empty GPU to an extender that has no earlier
+    # reading (restarted, or the Node re-created): the agent carries its own.
+    devices = two_gpus()
+    nvml = PynvmlDouble(devices)
+    clock = Clock()
+    agent = reporting_agent(nvml, clock)
+    good = await agent.tick()
+    devices[0].processes_error = pynvml.NVMLError_Unknown
+    for _ in range(2):  # and on the ticks after, still the last good figures
+        clock.advance(5)
+        failing = await agent.tick()
+        first, second = failing.gpus
+        assert "NVML error reading GPU 0" in first.error
+        assert (first.uuid, first.total_bytes, first.used_bytes, first.unattributed_bytes) == (
+            A100_UUID,
+            40 * GIB,
+            12 * GIB,
+            good.gpus[0].unattributed_bytes,
+        )
+        assert second == good.gpus[1]
+
+
+async def test_nvml_lost_keeps_reporting_the_last_good_figures_marked() -> None:
+    nvml = PynvmlDouble(two_gpus())
+    clock = Clock()
+    agent = reporting_agent(nvml, clock)
+    good = await agent.tick()
+    nvml.query_error = pynvml.NVMLError_GpuIsLost()
+    for _ in range(2):
+        clock.advance(5)
+        lost = await agent.tick()
+        condition = lost.condition(CONDITION_NVML_AVAILABLE)
+        assert condition is not None
+        assert (condition.status, condition.reason) == ("False", "NVMLQueryFailed")
+        assert [g.used_bytes for g in lost.gpus] == [g.used_bytes for g in good.gpus]
+        assert all("NVMLQueryFailed" in g.error for g in lost.gpus)

@@ -1,5 +1,6 @@
 """Bounded writes: threshold, heartbeat, back-off; and the write rate they give."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from agent.reporter import Reporter, WritePolicy, change_reason
@@ -71,6 +72,9 @@ def test_what_counts_as_a_change() -> None:
     # Already located by its memory, but kubelet's word is what keeps it there at 0 bytes.
     assert change_reason(base, status(allocated=True), policy) == "gpu 0: pod ml/p1 allocated"
     assert change_reason(base, status(available=False), policy) == "condition changed"
+    # A GPU NVML stops reading keeps its last figures (agent.attribution): the error says.
+    failing = replace(base, gpus=[replace(base.gpus[0], error="NVMLError_Unknown")])
+    assert change_reason(base, failing, policy) == "gpu 0: NVML error changed"
     small_gpu = WritePolicy(threshold_fraction=0.0)  # only the 64 MiB floor
     assert change_reason(base, status(10 * GIB + 100 * MIB), small_gpu) is not None
 

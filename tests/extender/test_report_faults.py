@@ -231,3 +231,49 @@ def test_a_gpu_missing_from_a_fresh_report_keeps_its_last_reading() -> None:
     assert account is not None
     assert [gpu.index for gpu in account.gpus] == [0, 1]
     assert "GPU 1 missing from the GPUNodeReport" in account.note
+
+
+def carrying(obj: dict[str, Any], index: int) -> dict[str, Any]:
+    """``obj`` with NVML failing on GPU ``index``, the agent carrying its last figures."""
+    status = parse_report(obj)
+    gpus = [replace(g, error="NVMLError_Unknown") if g.index == index else g for g in status.gpus]
+    return report_object(replace(status, gpus=gpus))
+
+
+def test_a_restarted_extender_counts_the_figures_an_agent_carries() -> None:
+    # The running extender remembers GPU 1's last reading; a restarted one only has
+    # what the report carries for the GPU NVML fails on, and must count it.
+    pod = gpu_pod("a", node="gpu-a", declared="2Gi")
+    usage = {0: {uid_of(pod): GIB}, 1: {}}
+    state, _ = state_with(gpu_node("gpu-a", gpus=2), pod)
+    state.on_report("ADDED", carrying(gpu_report("gpu-a", usage, unattributed={1: 34 * GIB}), 1))
+    assert headroom(state) <= 40 * GIB - 34 * GIB - MARGIN
+    # NVML unavailable for the whole node: the agent carries every GPU, marked.
+    status = parse_report(gpu_report("gpu-a", usage, unattributed={1: 34 * GIB}))
+    down = Condition(type=CONDITION_NVML_AVAILABLE, status="False", reason="NVMLQueryFailed")
+    gpus = [replace(g, error="NVMLQueryFailed") for g in status.gpus]
+    restarted, _ = state_with(gpu_node("gpu-a", gpus=2), pod)
+    restarted.on_report("ADDED", report_object(replace(status, gpus=gpus, conditions=[down])))
+    assert headroom(restarted) <= 40 * GIB - 34 * GIB - MARGIN
+
+
+def test_a_node_deleted_and_recreated_keeps_its_last_good_reading() -> None:
+    # kubelet re-registers within pod GC's 40 s: the pods and the report stay, and
+    # the 30 GiB leak the last good report saw must stay charged.
+    pod = gpu_pod("leaky", node="gpu-a", declared="6Gi")
+    node = gpu_node("gpu-a")
+    state, _ = state_with(node, pod)
+    state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {uid_of(pod): 30 * GIB}}, unattributed={0: 4 * GIB})
+    )
+    state.on_report("MODIFIED", unavailable("gpu-a"))
+    measured = headroom(state)
+    assert measured == 40 * GIB - 34 * GIB - MARGIN
+    state.on_node("DELETED", node)
+    state.on_node("ADDED", node)
+    assert headroom(state) == measured
+    # Gone for good, with its pods and report: nothing of it is kept.
+    state.on_node("DELETED", node)
+    state.on_pod("DELETED", pod)
+    state.on_report("DELETED", unavailable("gpu-a"))
+    assert "gpu-a" not in state.last_good
