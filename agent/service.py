@@ -123,6 +123,9 @@ class Agent:
         self._failure_reason: str | None = None
 
     async def tick(self) -> ReportStatus:
+        # Before any read: a report dated after a slow one (NVML hung on a GPU, a
+        # slow kubelet) would pass figures read long ago as fresh to the extender.
+        observed_at = self._clock()
         pods = {str((p.get("metadata") or {}).get("uid")): p for p in self._pods().values()}
         snapshot: Snapshot | None = None
         failure: ProbeUnavailable | None = None
@@ -141,7 +144,7 @@ class Agent:
         status = build_status(
             node_name=self._node_name,
             backend=self._probe.name,
-            observed_at=self._clock(),
+            observed_at=observed_at,
             snapshot=snapshot,
             failure=failure,
             pods=pods,

@@ -99,6 +99,7 @@ class ReportStatus:
     node_name: str
     backend: Literal["nvml", "simulated"]
     observed_at: datetime
+    """When the agent began the reads behind this report: no figure in it is older."""
     gpus: list[GPUUsage] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     heartbeat_seconds: int | None = Field(default=None, ge=1)

@@ -3,6 +3,8 @@
 import argparse
 import asyncio
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,7 +21,7 @@ from cli.main import build_parser, main
 from cli.options import duration
 from devcluster.state import free_port
 from headroom import names
-from tests.agent.doubles import ActionsDouble, WriterDouble
+from tests.agent.doubles import ActionsDouble, Clock, WriterDouble
 
 
 async def test_health_readiness_and_metrics_over_http() -> None:
@@ -103,6 +105,52 @@ async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture
         await task
     assert caplog.text.count("tick failed") >= 2  # it kept ticking
     assert probe.closed
+
+
+class StallingProbe:
+    """A backend whose read takes ``seconds`` of the injected clock (NVML hung on a GPU)."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+
+    @property
+    def name(self) -> BackendName:
+        return "nvml"
+
+    @property
+    def blocking(self) -> bool:
+        return False
+
+    def snapshot(self) -> Snapshot:
+        self.clock.advance(self.seconds)
+        return Snapshot()
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_report_is_dated_when_its_tick_started_reading() -> None:
+    # Dated after a slow read, a report would pass figures read minutes ago as fresh
+    # for another report-stale-after: the date must be no later than the first read.
+    clock = Clock()
+
+    async def slow_kubelet(pods: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+        clock.advance(2)
+        return {}
+
+    agent = Agent(
+        node_name="n",
+        probe=StallingProbe(clock, 200),
+        reporter=Reporter(WriterDouble(), clock=clock.monotonic),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=dict,
+        allocations=slow_kubelet,
+        clock=clock.now,
+    )
+    status = await agent.tick()
+    assert status.observed_at == clock.start
 
 
 def test_durations() -> None:
