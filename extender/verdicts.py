@@ -116,7 +116,7 @@ class Verdicts:
 
     def __init__(self, keep: int = KEEP) -> None:
         self._filters: _Recent[_Filter] = _Recent(keep)
-        """Declared bytes (or None) -> its answers."""
+        """Declared bytes -> its answers."""
         self._scores: _Recent[_Scores] = _Recent(keep)
         """(bytes needed, spread) -> its answers."""
         self._hosts: dict[str, str] = {}
@@ -147,6 +147,11 @@ class Verdicts:
         ``headroom`` and ``accounts`` must be up to date for every cached node
         (:meth:`ClusterState.prepare`); a name missing from them is an unknown node.
         """
+        if claim.legacy:
+            # Declaring nothing is not declaring 0: fit() refuses a legacy pod on
+            # every node, and so must the filter, or the bind refuses it in a loop.
+            # Rare (pods admitted by Headroom 0.1): not kept.
+            return [], {name: _refusal({}, name, claim, accounts) for name in names}
         answers, new = self._filters.get(claim.declared, lambda: _Filter(claim.need, headroom))
         changed, flipped = (set(), False) if new else answers.check(headroom)
         reasons = answers.reasons

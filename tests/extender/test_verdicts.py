@@ -8,7 +8,7 @@ from extender.state import ClusterState
 from extender.verdicts import UNKNOWN_NODE, Verdicts
 from extender.wire import json_array
 from headroom.claims import parse_claim
-from headroom.placement import fit, score
+from headroom.placement import LEGACY, fit, score
 from tests.extender.conftest import MARGIN, Clock
 from tests.extender.objects import gpu_node, gpu_pod
 
@@ -53,6 +53,23 @@ def test_answers_match_the_core_rules_and_follow_account_changes() -> None:
     failed, scores = answers(state, names, "10Gi")
     assert "gpu-a" not in failed
     assert scores["gpu-a"] == first
+
+
+def test_a_legacy_pod_is_refused_as_fit_refuses_it() -> None:
+    # Declaring nothing is not declaring 0: a filter that passed a legacy pod would
+    # send it to a bind that refuses it (fit), and kube-scheduler would loop.
+    state = cluster("gpu-a", "gpu-b")
+    legacy = parse_claim(gpu_pod("old", declared=None))
+    names = ["gpu-a", "gpu-b", "ghost"]
+    for _ in range(2):  # and again for the same candidates
+        passed, failed = state.verdicts.filter(
+            names, legacy, state.shared_headroom, state.accounts()
+        )
+        assert passed == []
+        assert failed == {"gpu-a": LEGACY, "gpu-b": LEGACY, "ghost": UNKNOWN_NODE}
+        account = state.account("gpu-a")
+        assert account is not None
+        assert failed["gpu-a"] == fit(account, legacy).reason
 
 
 def test_scores_agree_with_score_for_binpack_and_spread() -> None:
