@@ -323,7 +323,7 @@ def _measured(
             if used or index in allocated.get(uid, ()):
                 located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
-    limits = _spread(unlocated, shared_indices, located_on, history, now)
+    limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed)
     growth: dict[int, tuple[int, int] | None] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     for claim in claims:
@@ -386,19 +386,24 @@ def _readable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, dict[
 
 
 def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, list[str]]:
-    """The report without what the node's labels rule out, and why.
+    """The report without what the node's labels and capacity rule out, and why.
 
-    GPU Feature Discovery's labels are written on the node by the node's own
-    operator; a report is written by an agent. A GPU index beyond
-    ``nvidia.com/gpu.count`` would let a forged report "locate" pods on a GPU
-    that does not exist (and so off the real ones): such GPUs are dropped. A
-    total above ``nvidia.com/gpu.memory`` is capped at the label (``_gpu``).
+    GPU Feature Discovery's labels and the device plugin's capacity are written
+    on the node by the node's own operator; a report is written by an agent. A
+    GPU index beyond both ``nvidia.com/gpu.count`` and the GPUs the device
+    plugin offers would let a forged report "locate" pods on a GPU that does
+    not exist (and so off the real ones): such GPUs are dropped; no shared pod
+    can be given one anyway. A total above ``nvidia.com/gpu.memory`` is capped
+    at the label (``_gpu``).
     """
     problems = []
     gpus = report.gpus
     if node.count > 0 and any(gpu.index >= node.count for gpu in gpus):
         gpus = [gpu for gpu in gpus if gpu.index < node.count]
-        problems.append(f"GPUNodeReport lists GPUs beyond nvidia.com/gpu.count={node.count}")
+        problems.append(
+            f"GPUNodeReport lists GPUs beyond the node's {node.count} "
+            "(nvidia.com/gpu.count, nvidia.com/gpu.shared capacity)"
+        )
     if node.memory_bytes > 0 and any(gpu.total_bytes > node.memory_bytes for gpu in gpus):
         problems.append("GPUNodeReport totals above nvidia.com/gpu.memory are not trusted")
     if gpus is not report.gpus:
@@ -444,7 +449,7 @@ def _declared_only(
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
-    limits = _spread(shared, list(range(node.count)), {}, history, now)
+    limits = _spread(shared, list(range(node.count)), {}, history, now, node.confirmed)
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
@@ -526,13 +531,17 @@ def _spread(
     located: Mapping[int, list[str]],
     history: History | None,
     now: float,
+    confirmed: int,
 ) -> Spread | None:
     """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
     ``located`` lists the located pods per GPU. None without a history that
-    covers every unlocated pod's life on the node (headroom.spread).
+    covers every unlocated pod's life on the node (headroom.spread), or with
+    more shared GPUs than the node's label and device plugin both show
+    (``confirmed``): the device plugin spreads pods over the GPUs it has, and
+    counting a phantom one would put fewer on each real one than it can.
     """
-    if len(shared_indices) < 2 or history is None:
+    if len(shared_indices) < 2 or len(shared_indices) > confirmed or history is None:
         return None
     created = [c.created for c in unlocated]
     if any(at is None or at < history.since for at in created):

@@ -9,10 +9,12 @@ extender's margin: the node-level form of the promise
 ``sum(declared) <= total - margin`` that the extender keeps per GPU.
 
 A node counts as shared when the device plugin advertises
-``nvidia.com/gpu.shared``; on a node that also runs MIG (strategy mixed) the
-label count includes the MIG GPUs, so the node-level figure can be larger than
-what shared pods may really use -- never smaller. The per-GPU fit is the
-extender's. A node without shared GPUs advertises none (0 if it did before).
+``nvidia.com/gpu.shared``. Its GPUs are those both the ``nvidia.com/gpu.count``
+label and that capacity show (:attr:`headroom.nodes.NodeGPUs.confirmed`): a
+label raised above the GPUs the device plugin has adds no room, and on a node
+that also runs MIG (strategy mixed), whose label counts the MIG GPUs too, the
+figure is what shared pods may use. The per-GPU fit is the extender's. A node
+without shared GPUs advertises none (0 if it did before).
 """
 
 from collections.abc import Mapping
@@ -25,9 +27,9 @@ from headroom.quantity import QuantityError, format_bytes, parse_bytes
 
 def desired_capacity(node: NodeGPUs, margin: int) -> int:
     """Bytes of ``headroom.dev/gpu-memory`` ``node`` should advertise (0: none)."""
-    if node.shared_capacity <= 0 or node.count <= 0 or node.memory_bytes <= margin:
+    if node.shared_capacity <= 0 or node.confirmed <= 0 or node.memory_bytes <= margin:
         return 0
-    return node.count * (node.memory_bytes - margin)
+    return node.confirmed * (node.memory_bytes - margin)
 
 
 def advertised(node: Mapping[str, Any]) -> tuple[int | None, int | None]:

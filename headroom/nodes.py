@@ -5,6 +5,13 @@ missing or stale, and the inventory of MIG slices either way. Labels are read
 defensively: a label that is absent or not a number is noted in ``problems``
 and the conservative value is used instead (one GPU, zero memory), because a
 node whose GPUs we cannot describe must not look roomy.
+
+Two sources count a node's shared GPUs: GFD's ``nvidia.com/gpu.count`` label
+and the device plugin's ``nvidia.com/gpu.shared`` capacity divided by
+``nvidia.com/gpu.replicas``. They can disagree for a while (GFD relabelling, an
+admin's edit). Neither wins: every GPU either shows is kept and charged
+(``count``), so that no measured GPU is dropped, and only the GPUs both show
+are counted on (``confirmed``), so that a phantom GPU adds no room.
 """
 
 import re
@@ -35,6 +42,10 @@ class NodeGPUs:
     product: str = ""
     """``nvidia.com/gpu.product`` without GFD's ``-SHARED`` suffix."""
     count: int = 0
+    """GPUs the label or the device plugin's capacity shows, the more of the two."""
+    confirmed: int = 0
+    """GPUs both show (the fewer): what the multi-GPU spread bound and the advertised
+    capacity count on (headroom.spread, headroom.capacity); 0 counts on none."""
     memory_bytes: int = 0
     """Per GPU, from ``nvidia.com/gpu.memory`` (MiB); 0 when the label is unusable."""
     replicas: int = 1
@@ -56,12 +67,29 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
     product = labels.get(names.LABEL_PRODUCT, "")
     product = product.removesuffix(_SHARED_SUFFIX)
     shared = _count(capacity.get(names.GPU_SHARED))
-    replicas = _count(labels.get(names.LABEL_REPLICAS)) or 1
+    labelled_replicas = _count(labels.get(names.LABEL_REPLICAS))
+    replicas = labelled_replicas or 1
 
-    count = _count(labels.get(names.LABEL_COUNT))
+    labelled = _count(labels.get(names.LABEL_COUNT))
+    # Without the replicas label the capacity says replicas, not GPUs.
+    offered = -(-shared // labelled_replicas) if labelled_replicas else 0
+    count = max(labelled, offered)
+    confirmed = min(labelled, offered) or count
+    mig = _mig_slices(capacity, labels)
+    if not labelled and count:
+        problems.append(
+            f"label {names.LABEL_COUNT} missing or not a number; "
+            f"counting {count} from {names.GPU_SHARED} capacity"
+        )
+    elif offered and labelled != offered and not (mig and offered < labelled):
+        # (With MIG strategy mixed the label also counts the GPUs in MIG mode.)
+        problems.append(
+            f"label {names.LABEL_COUNT}={labelled} but {names.GPU_SHARED} capacity shows "
+            f"{offered} GPUs: charging {count}, counting on {confirmed}"
+        )
     if not count and (shared or names.GPU_SHARED in capacity):
         # One GPU is the conservative guess: every pod is then charged to it.
-        count = 1
+        count = confirmed = 1
         problems.append(f"label {names.LABEL_COUNT} missing or not a number; assuming 1 GPU")
 
     memory = _count(labels.get(names.LABEL_MEMORY_MIB)) * MIB
@@ -72,10 +100,11 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
         name=name if isinstance(name, str) else "",
         product=product,
         count=count,
+        confirmed=confirmed,
         memory_bytes=memory,
         replicas=replicas,
         shared_capacity=shared,
-        mig=_mig_slices(capacity, labels),
+        mig=mig,
         problems=tuple(problems),
     )
 

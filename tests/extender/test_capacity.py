@@ -30,6 +30,13 @@ def test_a_shared_node_advertises_its_gpus_memory_less_the_margin() -> None:
     assert capacity_patch(node, parse_node(node), MARGIN) == {}  # same value, other spelling
 
 
+def test_gpus_only_the_count_label_shows_advertise_nothing() -> None:
+    # Label raised to 4 on a node whose device plugin has 2 GPUs: room for 2.
+    node = gpu_node("a", gpus=2)
+    node["metadata"]["labels"][names.LABEL_COUNT] = "4"
+    assert desired_capacity(parse_node(node), MARGIN) == 2 * (40 * GIB - MARGIN)
+
+
 def test_a_zeroed_capacity_is_put_back() -> None:
     # kubelet zeroes extended resources it does not know when it restarts afresh.
     node = gpu_node("a")

@@ -277,3 +277,39 @@ def test_a_node_deleted_and_recreated_keeps_its_last_good_reading() -> None:
     state.on_pod("DELETED", pod)
     state.on_report("DELETED", unavailable("gpu-a"))
     assert "gpu-a" not in state.last_good
+
+
+def relabelled(node: dict[str, Any], count: int) -> dict[str, Any]:
+    """``node`` with its nvidia.com/gpu.count label changed, its capacity not."""
+    labels = {**node["metadata"]["labels"], "nvidia.com/gpu.count": str(count)}
+    return {**node, "metadata": {**node["metadata"], "labels": labels}}
+
+
+def test_a_count_label_lowered_drops_no_measured_gpu() -> None:
+    # GFD relabels 2 -> 1 while the device plugin still offers both GPUs (capacity 8
+    # = 2 x 4 replicas): GPU 1's 34 GiB (a foreign process) still counts.
+    pod = gpu_pod("a", node="gpu-a", declared="2Gi")
+    node = gpu_node("gpu-a", gpus=2)
+    state, _ = state_with(node, pod)
+    state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {uid_of(pod): GIB}, 1: {}}, unattributed={1: 34 * GIB})
+    )
+    before = headroom(state)
+    state.on_node("MODIFIED", relabelled(node, 1))
+    assert headroom(state) <= before == 40 * GIB - 34 * GIB - MARGIN
+    account = state.account("gpu-a")
+    assert account is not None
+    assert [gpu.index for gpu in account.gpus] == [0, 1]
+
+
+def test_a_count_label_raised_adds_no_room() -> None:
+    # GFD relabels 2 -> 4 on a node with 2 GPUs: two phantom empty GPUs must not
+    # loosen the bound on where four unlocated 15Gi pods can be.
+    pods = [gpu_pod(f"p{i}", node="gpu-a", declared="15Gi") for i in range(4)]
+    node = gpu_node("gpu-a", gpus=2)
+    state, _ = state_with(node, *pods)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}))
+    before = headroom(state)
+    assert before < 15 * GIB  # a fifth could be the third on one GPU: 45 GiB of 40
+    state.on_node("MODIFIED", relabelled(node, 4))
+    assert headroom(state) <= before

@@ -41,6 +41,18 @@ def test_missing_labels_are_conservative_and_said() -> None:
     assert any("nvidia.com/gpu.memory" in p for p in node.problems)
 
 
+def test_count_label_and_device_plugin_capacity_are_both_heard() -> None:
+    # The label is GFD's word, the capacity the device plugin's (GPUs x replicas):
+    # GPUs either shows are kept and charged; only GPUs both show are counted on.
+    for label, charged, confirmed in (("1", 2, 1), ("4", 4, 2), ("2", 2, 2)):
+        obj = gpu_node("gpu-a", gpus=2, replicas=4)
+        obj["metadata"]["labels"]["nvidia.com/gpu.count"] = label
+        node = parse_node(obj)
+        assert (node.count, node.confirmed) == (charged, confirmed), label
+        disagree = any("nvidia.com/gpu.shared capacity" in p for p in node.problems)
+        assert disagree == (charged != confirmed), label
+
+
 def test_node_without_gpus() -> None:
     node = parse_node({"metadata": {"name": "cpu-1"}, "status": {"capacity": {"cpu": "8"}}})
     assert (node.count, node.memory_bytes, node.shared_capacity, node.problems) == (0, 0, 0, ())
