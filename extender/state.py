@@ -133,7 +133,6 @@ class ClusterState:
             return
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
-            self.departures.pop(node.name, None)
         else:
             self.nodes[node.name] = node
         self._touch(node.name)
@@ -482,8 +481,10 @@ class ClusterState:
     def _touch(self, node: str) -> None:
         if node not in self.nodes and node not in self.reports and node not in self._on_node:
             # Kept while the Node is gone but its report or pods remain (kubelet
-            # re-registers within pod GC's 40 s): a re-created Node keeps it.
+            # re-registers within pod GC's 40 s): a re-created Node keeps its last
+            # good reading and the departures its spread bound counts on.
             self.last_good.pop(node, None)
+            self.departures.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
         self.shared_headroom.pop(node, None)

@@ -279,6 +279,35 @@ def test_a_node_deleted_and_recreated_keeps_its_last_good_reading() -> None:
     assert "gpu-a" not in state.last_good
 
 
+def test_a_node_deleted_and_recreated_keeps_the_departures_it_saw() -> None:
+    # Two GPUs, four unlocated 19Gi pods spread 2 + 2 by the device plugin; u2 and
+    # u4 (both on GPU 1) leave. The departures tell the spread bound GPU 0 may
+    # still hold two. Forgotten with the Node object, GPU 0 would be charged one.
+    pods = [gpu_pod(f"u{i}", node="gpu-a", declared="19Gi") for i in (1, 2, 3, 4)]
+    node = gpu_node("gpu-a", gpus=2)
+    state, clock = state_with(node, *pods)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}))
+    clock.now += 10
+    state.on_pod("DELETED", pods[1])
+    state.on_pod("DELETED", pods[3])
+    later = EPOCH + timedelta(seconds=10)
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, at=later))
+    before = state.account("gpu-a")
+    assert before is not None
+    assert before.gpus[0].accounted == 38 * GIB
+    state.on_node("DELETED", node)
+    state.on_node("ADDED", node)
+    after = state.account("gpu-a")
+    assert after is not None
+    assert [g.accounted for g in after.gpus] == [g.accounted for g in before.gpus]
+    # Gone for good, with its pods: nothing of it is kept.
+    state.on_node("DELETED", node)
+    for pod in (pods[0], pods[2]):
+        state.on_pod("DELETED", pod)
+    state.on_report("DELETED", gpu_report("gpu-a", {}))
+    assert "gpu-a" not in state.departures
+
+
 def relabelled(node: dict[str, Any], count: int) -> dict[str, Any]:
     """``node`` with its nvidia.com/gpu.count label changed, its capacity not."""
     labels = {**node["metadata"]["labels"], "nvidia.com/gpu.count": str(count)}
