@@ -77,9 +77,12 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
     confirmed = min(labelled, offered) or count
     mig = _mig_slices(capacity, labels)
     if not labelled and count:
+        # One source only, and one a wrong replicas label skews: charged on every GPU
+        # it shows, counted on one, as with no figure at all.
+        confirmed = 1
         problems.append(
-            f"label {names.LABEL_COUNT} missing or not a number; "
-            f"counting {count} from {names.GPU_SHARED} capacity"
+            f"label {names.LABEL_COUNT} missing or not a number; charging the {count} "
+            f"GPUs {names.GPU_SHARED} capacity shows, counting on 1"
         )
     elif offered and labelled != offered and not (mig and offered < labelled):
         # (With MIG strategy mixed the label also counts the GPUs in MIG mode.)

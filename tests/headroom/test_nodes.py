@@ -53,6 +53,18 @@ def test_count_label_and_device_plugin_capacity_are_both_heard() -> None:
         assert disagree == (charged != confirmed), label
 
 
+def test_capacity_alone_is_charged_but_counted_on_as_one_gpu() -> None:
+    # No count label: the capacity (32 / replicas 4 = 8) is all there is, and a
+    # wrong replicas label would multiply it. Charge every GPU it shows, count on one.
+    for replicas, charged in ((4, 8), (1, 32)):
+        obj = gpu_node("gpu-a", gpus=8, replicas=4)
+        del obj["metadata"]["labels"]["nvidia.com/gpu.count"]
+        obj["metadata"]["labels"]["nvidia.com/gpu.replicas"] = str(replicas)
+        node = parse_node(obj)
+        assert (node.count, node.confirmed) == (charged, 1), replicas
+        assert any("counting on 1" in p for p in node.problems)
+
+
 def test_node_without_gpus() -> None:
     node = parse_node({"metadata": {"name": "cpu-1"}, "status": {"capacity": {"cpu": "8"}}})
     assert (node.count, node.memory_bytes, node.shared_capacity, node.problems) == (0, 0, 0, ())
