@@ -121,6 +121,10 @@ class Allowance:
     asks_no_gpu: bool = False
     """It asks for no GPU resource: ``declared`` is 0, on a node whose GPUs Headroom
     shares only (:meth:`Guard.observe` checks the node)."""
+    listed: bool = True
+    """kubelet's PodResources lists every device the pod was given: not so for a plain
+    init container's (only app and sidecar containers are listed), so usage outside
+    the listed devices then proves nothing."""
 
 
 def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
@@ -145,14 +149,17 @@ def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
 
 
 def shares_gpus(pods: Mapping[str, Pod]) -> bool:
-    """Whether Headroom shares this node's GPUs: a pod on it asks for a shared replica or
-    a MIG slice (time-slicing and MIG are configured per node)."""
+    """Whether Headroom shares this node's GPUs: a pod running on it asks for a shared
+    replica or a MIG slice (time-slicing and MIG are configured per node). Not one
+    that has ended: kubelet fails a pod whose resource the node does not offer (a
+    tenant may preset ``nodeName``), and the apiserver keeps it."""
     for pod in pods.values():
         try:
-            if parse_claim(pod).wants_gpu:
-                return True
+            claim = parse_claim(pod)
         except PodError:
             continue
+        if claim.wants_gpu and not claim.terminated:
+            return True
     return False
 
 
@@ -162,7 +169,12 @@ def allowance(pod: Pod) -> Allowance | None:
     try:
         claim = parse_claim(pod)
         if claim.declared is not None:
-            return Allowance(claim.declared, max(claim.shared + sum(claim.mig.values()), 1))
+            listed = not any(
+                r.container.kind == "initContainers" and not r.container.sidecar
+                for r in gpu_requests(pod)
+            )
+            gpus = max(claim.shared + sum(claim.mig.values()), 1)
+            return Allowance(claim.declared, gpus, listed=listed)
         if not gpu_requests(pod):
             return Allowance(0, asks_no_gpu=True)
     except PodError:
@@ -172,7 +184,7 @@ def allowance(pod: Pod) -> Allowance | None:
 
 def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
     """Why the pod holds more than it may, for its Event; "" when it does not."""
-    if any(device.allocated for device in devices):
+    if allowed.listed and any(device.allocated for device in devices):
         outside = [device for device in devices if not device.allocated and device.used > 0]
         if outside:
             stray = max(outside, key=lambda device: device.used)

@@ -1,6 +1,7 @@
 """The guard: one Event per episode, eviction only under ``evict``, spikes ignored,
 and the policy taken from the pod's namespace, never from what a tenant may patch."""
 
+import copy
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -340,6 +341,29 @@ def test_pods_asking_for_no_gpu_are_left_alone_where_no_pod_shares_a_gpu() -> No
     assert (
         guard.observe(gpus({0: {"w": 30 * GIB, "env": 5 * GIB}}), pods, POLICIES, NAMESPACES) == []
     )
+
+
+def test_a_failed_pod_asking_for_a_slot_does_not_make_a_whole_gpu_node_shared() -> None:
+    # A tenant's MIG pod with nodeName preset on a whole-GPU node: kubelet fails it
+    # (no such resource there), the apiserver keeps it.
+    guard = Guard(grace=1)
+    whole = pod("w", "w", namespace="ns-strict", resource="nvidia.com/gpu")
+    failed = pod("f", "f", namespace="ns-lax", resource="nvidia.com/mig-1g.5gb", phase="Failed")
+    pods = {"w": whole, "env": no_gpu("env", "ns-strict"), "f": failed}
+    report = gpus({0: {"w": 30 * GIB, "env": 5 * GIB}})
+    assert guard.observe(report, pods, POLICIES, NAMESPACES) == []
+
+
+def test_usage_beside_a_plain_init_containers_gpu_is_not_judged_by_allocation() -> None:
+    # kubelet's PodResources lists app and sidecar containers' devices only: a plain
+    # init container's GPU looks unallocated, and holding memory there is no proof.
+    guard = Guard(grace=1)
+    warm = guarded("o", "strict")
+    init = copy.deepcopy(warm["spec"]["containers"][0])
+    init["name"] = "warm-up"
+    warm["spec"]["initContainers"] = [init]
+    report = gpus({0: {"o": 2 * GIB}, 1: {"o": 8 * GIB}}, allocated={0: {"o"}})
+    assert guard.observe(report, {"o": warm}, POLICIES, NAMESPACES) == []
 
 
 def test_usage_on_a_gpu_kubelet_did_not_allocate_counts_against_the_pod() -> None:
