@@ -261,11 +261,8 @@ class Extender:
         if refusal:
             log.info("bind of %s to %s refused: %s", key, node, refusal)
             return ExtenderBindingResult(Error=f"not binding {key} to {node}: {refusal}")
-        cached = self.state.pods.get(claim.uid)
-        if cached is not None and cached.node:
-            if cached.node == node:
-                return ExtenderBindingResult()  # a retry of a bind that landed
-            return ExtenderBindingResult(Error=f"pod {key} is already bound to {cached.node}")
+        if (answer := self._bound(claim, node)) is not None:
+            return answer
         # Check and hold in one step, with no await between: this is the race guard.
         verdict = self.state.assume(claim, node)
         holds = self.state.assumed.get(claim.uid, {})
@@ -284,6 +281,8 @@ class Extender:
                     Error=f"not binding {key} to {node}: {verdict.reason}, and the pod could "
                     "not be read to tell; retry"
                 )
+            if (answer := self._bound(claim, node)) is not None:
+                return answer  # the watch showed it bound while the read was out
             verdict = self.state.assume(claim, node, also=True)
         if not verdict.fits:
             log.info("bind of %s to %s refused: %s", key, node, verdict.reason)
@@ -315,6 +314,15 @@ class Extender:
             self.state.bound_at[claim.uid] = self.state.clock()
         log.debug("bound %s to %s", key, node)  # kube-scheduler records the Scheduled event
         return ExtenderBindingResult()
+
+    def _bound(self, claim: PodClaim, node: str) -> ExtenderBindingResult | None:
+        """The answer when the pod cache shows the pod bound already, else None."""
+        cached = self.state.pods.get(claim.uid)
+        if cached is None or not cached.node:
+            return None
+        if cached.node == node:
+            return ExtenderBindingResult()  # a retry of a bind that landed
+        return ExtenderBindingResult(Error=f"pod {claim.key} is already bound to {cached.node}")
 
     def _only_post(self, uid: str, node: str) -> bool:
         """Whether the POST now ending is the only one of the pod to ``node`` that may be

@@ -232,6 +232,27 @@ async def test_a_read_answered_before_a_bind_that_landed_meanwhile_releases_noth
     assert filled(harness, pod) == []
 
 
+async def test_a_pod_the_watch_shows_bound_while_its_read_is_out_is_not_bound_again(
+    harness: Harness,
+) -> None:
+    pod = gpu_pod("p", declared="10Gi")
+    setup(harness, pod)
+    harness.binder.fail_with, harness.binder.uncertain = TIMEOUT, True
+    await harness.extender.bind(args(pod, "gpu-b"))  # lost: held on gpu-b
+    harness.binder.fail_with = ""
+
+    async def slow_read(namespace: str, name: str) -> dict[str, Any] | None:
+        # Another binder (a scheduler replica mid hand-over) bound it; the watch says
+        # so before the read, served earlier, comes back unbound.
+        harness.state.on_pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": "gpu-a"}})
+        return pod
+
+    harness.extender.reader = slow_read
+    assert (await harness.extender.bind(args(pod, "gpu-a"))).Error == ""
+    assert harness.binder.calls == []  # no second binding POST
+    assert harness.state.assumed == {}  # the cache charges it on gpu-a now
+
+
 async def test_bind_refuses_pods_of_other_schedulers_and_without_gpus(harness: Harness) -> None:
     foreign = gpu_pod("kai", declared="1Gi")
     foreign["spec"]["schedulerName"] = "kai-scheduler"
