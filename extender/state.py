@@ -479,7 +479,12 @@ class ClusterState:
         return True
 
     def _touch(self, node: str) -> None:
-        if node not in self.nodes and node not in self.reports and node not in self._on_node:
+        if not (
+            node in self.nodes
+            or node in self.reports
+            or node in self._on_node
+            or node in self._assumed_on
+        ):
             # Kept while the Node is gone but its report or pods remain (kubelet
             # re-registers within pod GC's 40 s): a re-created Node keeps its last
             # good reading and the departures its spread bound counts on.

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extender.state import ClusterState
+from headroom.claims import parse_claim
 from headroom.reports import CONDITION_NVML_AVAILABLE, Condition, parse_report, report_object
 from tests.extender.conftest import MARGIN, Clock
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
@@ -300,11 +301,17 @@ def test_a_node_deleted_and_recreated_keeps_the_departures_it_saw() -> None:
     after = state.account("gpu-a")
     assert after is not None
     assert [g.accounted for g in after.gpus] == [g.accounted for g in before.gpus]
-    # Gone for good, with its pods: nothing of it is kept.
+    # A pod still held there (its bind not yet seen) keeps them too.
+    waiting = gpu_pod("w", declared="1Gi")
+    state.on_pod("ADDED", waiting)
+    assert state.assume(parse_claim(waiting), "gpu-a").fits
     state.on_node("DELETED", node)
     for pod in (pods[0], pods[2]):
         state.on_pod("DELETED", pod)
     state.on_report("DELETED", gpu_report("gpu-a", {}))
+    assert "gpu-a" in state.departures
+    # Gone for good, with its pods and holds: nothing of it is kept.
+    state.forget(uid_of(waiting))
     assert "gpu-a" not in state.departures
 
 
