@@ -14,7 +14,8 @@ label and that capacity show (:attr:`headroom.nodes.NodeGPUs.confirmed`): a
 label raised above the GPUs the device plugin has adds no room, and on a node
 that also runs MIG (strategy mixed), whose label counts the MIG GPUs too, the
 figure is what shared pods may use. The per-GPU fit is the extender's. A node
-without shared GPUs advertises none (0 if it did before).
+without shared GPUs advertises none, and one whose device plugin offers none
+for now keeps what it advertised (:func:`capacity_patch`).
 """
 
 from collections.abc import Mapping
@@ -41,7 +42,18 @@ def advertised(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
 
 
 def capacity_patch(node: Mapping[str, Any], node_gpus: NodeGPUs, margin: int) -> dict[str, Any]:
-    """The merge patch that makes the Node advertise what it should; {} if it does."""
+    """The merge patch that makes the Node advertise what it should; {} if it does.
+
+    Nothing while the device plugin offers no shared GPU: kubelet reports its
+    resource as 0 after every restart until the plugin registers again
+    (pkg/kubelet/cm/devicemanager/manager.go), and re-admits the running pods
+    meanwhile. Lowered to 0 then, this resource would fail every running shared
+    pod (``OutOfheadroom.dev/gpu-memory``; only an absent resource is forgiven).
+    A value left on a node that stopped sharing is harmless: no pod can use it
+    without a ``nvidia.com/gpu.shared`` slot beside it.
+    """
+    if node_gpus.shared_capacity <= 0:
+        return {}
     want = desired_capacity(node_gpus, margin)
     capacity, allocatable = advertised(node)
     if want == 0 and capacity in (None, 0) and allocatable in (None, 0):

@@ -7,8 +7,9 @@ import pytest
 
 from extender.capacity import PATCH_WORKERS, CapacityAdvertiser
 from headroom import names
-from headroom.capacity import capacity_patch, desired_capacity
+from headroom.capacity import advertised, capacity_patch, desired_capacity
 from headroom.nodes import parse_node
+from headroom.quantity import MIB
 from kube.rest import ApiError, Unreachable
 from tests.extender.objects import GIB, gpu_node
 
@@ -51,10 +52,18 @@ def test_a_node_without_shared_gpus_advertises_none() -> None:
     node = gpu_node("m", mig={"3g.20gb": 1})
     assert desired_capacity(parse_node(node), MARGIN) == 0
     assert capacity_patch(node, parse_node(node), MARGIN) == {}
-    node["status"]["capacity"][names.GPU_MEMORY] = "40Gi"
-    assert capacity_patch(node, parse_node(node), MARGIN)["status"]["capacity"] == {
-        names.GPU_MEMORY: "0"
-    }
+
+
+def test_a_restarted_kubelet_without_its_device_plugin_yet_keeps_the_capacity() -> None:
+    # kubelet reports nvidia.com/gpu.shared as 0 until the device plugin registers
+    # again, and re-admits the running pods meanwhile: lowered to 0, the GPU memory
+    # resource would fail every one of them (OutOfheadroom.dev/gpu-memory).
+    node = gpu_node("a")
+    for resources in (node["status"]["capacity"], node["status"]["allocatable"]):
+        resources[names.GPU_MEMORY] = "40448Mi"  # advertised before the restart
+        resources[names.GPU_SHARED] = "0"
+    assert advertised(node) == (40448 * MIB, 40448 * MIB)
+    assert capacity_patch(node, parse_node(node), MARGIN) == {}
 
 
 async def test_the_advertiser_patches_once_and_retries_a_failure(
