@@ -10,6 +10,9 @@ import re
 from typing import Any
 
 import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import Cluster
 from headroom import names
@@ -300,6 +303,52 @@ def test_node_capacity_is_advertised_and_put_back(cluster: Cluster) -> None:
         '"allocatable":{"headroom.dev/gpu-memory":"0"}}}',
     )  # fmt: skip
     eventually("the capacity put back", lambda: capacity() == "40448Mi", timeout=60)
+
+
+def test_the_schedulers_account_changes_only_its_two_keys_on_a_node(cluster: Cluster) -> None:
+    # RBAC lets it patch nodes and nodes/status; the admission policy keeps it to the
+    # room-at annotation and the headroom.dev/gpu-memory capacity, on both paths
+    # (a status update may change metadata too).
+    # As the extender does it: a PATCH alone (kubectl would GET nodes/status first,
+    # which the account may not).
+    api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+    api.set_default_header(
+        "Impersonate-User", "system:serviceaccount:headroom-system:headroom-scheduler"
+    )
+    core = k8s.CoreV1Api(api)
+
+    def refusal(patch: Any, body: dict[str, Any]) -> str:
+        try:
+            patch(NODE, body)
+        except ApiException as err:
+            return str(err.body)
+        return ""
+
+    room_at = {"metadata": {"annotations": {"headroom.dev/room-at": "2026-01-01T00:00:00Z"}}}
+    memory = {names.GPU_MEMORY: "40448Mi"}
+    assert refusal(core.patch_node, room_at) == ""
+    assert (
+        refusal(core.patch_node_status, {"status": {"capacity": memory, "allocatable": memory}})
+        == ""
+    )
+    owner = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "x",
+        "uid": "0" * 8 + "-0000-0000-0000-" + "0" * 12,
+    }
+    attempts: list[tuple[Any, dict[str, Any]]] = [
+        (core.patch_node, {"metadata": {"labels": {"nvidia.com/gpu.memory": "81920"}}}),
+        (core.patch_node, {"metadata": {"ownerReferences": [owner]}}),
+        (core.patch_node_status, {"metadata": {"labels": {"nvidia.com/gpu.memory": "81920"}}}),
+        (core.patch_node_status, {"metadata": {"annotations": {"x": "y"}}}),
+        (core.patch_node_status, {"status": {"capacity": {"nvidia.com/gpu.shared": "64"}}}),
+    ]
+    for patch, body in attempts:
+        assert "may change only the node annotation" in refusal(patch, body), body
+    api.close()
+    labels = cluster.kubectl_json("get", "node", NODE)["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.memory"] == "40960"
 
 
 def test_a_legacy_pod_is_charged_the_whole_gpu(
