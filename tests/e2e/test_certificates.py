@@ -9,6 +9,7 @@ failurePolicy Ignore and an objectSelector no pod matches.
 
 import base64
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,33 @@ def test_only_the_certs_account_reaches_the_ca_secret(
     )  # fmt: skip
 
     assert result.stdout.strip() == ("yes" if allowed else "no"), (account, verb, resource)
+
+
+def test_the_certs_account_changes_only_the_ca_of_the_webhook_configuration(
+    cluster: Cluster,
+) -> None:
+    # RBAC lets it patch the whole object; the admission policy keeps it to caBundle.
+    account = "--as=system:serviceaccount:headroom-system:headroom-certs"
+    bundle = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "headroom")["webhooks"][0][
+        "clientConfig"
+    ]["caBundle"]
+
+    def patch(op: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl(
+            account, "patch", "mutatingwebhookconfiguration", "headroom", "--type=json",
+            "-p", json.dumps([op]), check=False,
+        )  # fmt: skip
+
+    same = patch({"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle})
+    assert same.returncode == 0, same.stderr
+    for op in (
+        {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"},
+        {"op": "remove", "path": "/webhooks/1"},
+        {"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": "https://elsewhere/m"},
+        {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}},
+    ):
+        result = patch(op)
+        assert result.returncode != 0, op
+        assert "may change only clientConfig.caBundle" in result.stderr, result.stderr
+    configuration = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "headroom")
+    assert configuration["webhooks"][0]["failurePolicy"] == "Fail"
