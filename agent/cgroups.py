@@ -57,8 +57,11 @@ def parse_cgroup(text: str) -> ContainerRef | None:
         if len(parts) != 3:
             continue
         path = parts[2]
-        match = _SYSTEMD.search(path) or _CGROUPFS.search(path)
-        if match:
+        # The outermost pod cgroup is the one kubelet made: a container that may
+        # write its cgroup tree could nest one named after another pod below it.
+        found = [m for m in (_SYSTEMD.search(path), _CGROUPFS.search(path)) if m]
+        if found:
+            match = min(found, key=lambda m: m.start())
             return ContainerRef(_normal_uid(match["uid"]), match["cid"])
         if pod_only is None and (only := _POD_ONLY.search(path)):
             pod_only = ContainerRef(_normal_uid(only["uid"]), None)

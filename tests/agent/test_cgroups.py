@@ -70,6 +70,14 @@ def test_uppercase_and_underscores_normalise_to_metadata_uid() -> None:
     assert parse_cgroup(text) == ContainerRef(UID, CID)
 
 
+def test_a_cgroup_nested_below_a_container_names_its_own_pod_not_the_nested_one() -> None:
+    # cgroupfs driver; a container with a writable cgroup tree made a child named
+    # like a systemd pod slice of another pod, to have its GPU memory credited there.
+    other = "aaaaaaaa_bbbb_cccc_dddd_eeeeeeeeeeee"
+    text = f"0::/kubepods/burstable/pod{UID}/{CID}/x-pod{other}.slice/crio-{'ab' * 32}.scope\n"
+    assert parse_cgroup(text) == ContainerRef(UID, CID)
+
+
 def test_crio_conmon_is_the_pod_not_a_container() -> None:
     text = f"0::/kubepods.slice/kubepods-pod{UID_}.slice/crio-conmon-{CID}.scope\n"
     assert parse_cgroup(text) == ContainerRef(UID, None)
