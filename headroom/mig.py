@@ -188,7 +188,7 @@ def _whole(value: object) -> int:
         return 0
     if isinstance(value, int):
         return max(value, 0)
-    if isinstance(value, str) and value.isdigit() and len(value) < 10:
+    if isinstance(value, str) and value.isascii() and value.isdecimal() and len(value) < 10:
         return int(value)
     return 0
 

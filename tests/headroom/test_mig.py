@@ -129,6 +129,8 @@ def test_offer_ignores_malformed_nodes() -> None:
         3,
         {"status": "x"},
         {"metadata": {"labels": ["a"]}, "status": {"capacity": {"nvidia.com/mig-3g.20gb": True}}},
+        {"status": {"capacity": {"nvidia.com/mig-3g.20gb": "²"}}},  # a digit int() refuses
+        {"status": {"capacity": {"nvidia.com/mig-3g.20gb": "٣"}}},
     ]
     assert MigOffer.from_nodes(garbage).profiles == {}  # type: ignore[arg-type]
 

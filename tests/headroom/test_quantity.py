@@ -46,7 +46,7 @@ def test_whatever_it_accepts_the_official_client_reads_the_same(text: str) -> No
     assert ours == reference(text)
 
 
-@pytest.mark.parametrize("text", [" 1Gi", "1Gi ", " 4Gi ", "0E ", "\t8G"])
+@pytest.mark.parametrize("text", [" 1Gi", "1Gi ", " 4Gi ", "0E ", "\t8G", "10Gi\n", "1\n"])
 def test_surrounding_whitespace_is_refused_as_apimachinery_does(text: str) -> None:
     with pytest.raises(QuantityError, match="is not a quantity"):
         parse_quantity(text)
