@@ -82,8 +82,8 @@ class ClusterCache:
     async def labels_for(self, name: str) -> Mapping[str, str]:
         """Labels, reading the namespace once if it is newer than the watch.
 
-        A namespace created a moment before its first pod may not have reached
-        the watch; reading it beats mutating (or not) by a guess. Raises
+        A namespace created (or labelled) a moment before its first pod may not
+        have reached the watch; reading it beats mutating (or not) by a guess. Raises
         :class:`LookupError` when it cannot be read, so the pod is denied and
         retried rather than let through unmutated.
 
@@ -95,8 +95,13 @@ class ClusterCache:
         headers and bodies that are not the pod's author's to read.
         """
         labels = self.namespace_labels(name)
-        if labels is not None:
+        if labels is not None and names.LABEL_POLICY in labels:
             return labels
+        if labels is not None and self._rest is None:
+            return labels
+        # Unknown, or known without the policy label: the apiserver calls this webhook
+        # only for namespaces that carry it (namespaceSelector Exists), so the watch
+        # lags a label just set; read it rather than let the pod through unmutated.
         if self._rest is None:
             raise LookupError(f"namespace {name} is not known to the headroom webhook yet")
         missed = self._misses.get(name)

@@ -10,6 +10,7 @@ import json
 import socket
 import ssl
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
+from headroom.mig import MigOffer
 from kube.rest import Answer, Rest
 from tests.webhook.reviews import fed_cache, review_bytes, review_json
 from tests.webhook.test_tls_server import Connection, client_context, generate
@@ -313,9 +315,10 @@ async def test_the_watch_ends_a_remembered_miss() -> None:
     with pytest.raises(LookupError):
         await cache.labels_for("late")
 
-    cache.on_namespace("ADDED", {"metadata": {"name": "late", "labels": {"a": "b"}}})
+    labels = {"headroom.dev/policy": "gpu-shared"}
+    cache.on_namespace("ADDED", {"metadata": {"name": "late", "labels": labels}})
 
-    assert await cache.labels_for("late") == {"a": "b"}
+    assert await cache.labels_for("late") == labels
     assert core.reads == 1
 
 
@@ -348,6 +351,7 @@ from pathlib import Path
 from aiohttp import web
 from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
+from headroom.mig import MigOffer
 from kube.rest import Answer, Rest
 from tests.webhook.reviews import fed_cache
 from webhook.admission import Admission
@@ -480,3 +484,51 @@ def test_a_bad_limit_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[st
         build_parser().parse_args(["webhook", "--cert-dir", "x", "--max-in-flight", "0"])
 
     assert "argument --max-in-flight: '0' is not a positive whole number" in capsys.readouterr().err
+
+
+async def test_a_large_pods_mig_offer_is_read_on_the_event_loop() -> None:
+    # Node events change the offer's source on the loop; read on the worker, a MIG
+    # node joining mid-decision raised "dictionary changed size during iteration".
+    cache = fed_cache()
+    readers: list[threading.Thread] = []
+    read = cache.mig_offer
+
+    def recording() -> MigOffer | None:
+        readers.append(threading.current_thread())
+        return read()
+
+    cache.mig_offer = recording  # type: ignore[method-assign]
+    off_loop = OffLoop()
+    verdict = await reviewer(cache, Admission(cache), off_loop)(many_containers(40))
+    off_loop.close()
+    assert verdict.outcome == "mutated"
+    assert readers == [threading.main_thread()]
+
+
+class NamespaceRest:
+    """A kube.rest.Rest whose GET of a namespace finds it with these labels."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.reads = 0
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Answer:
+        self.reads += 1
+        namespace = {"metadata": {"name": path.rsplit("/", 1)[-1], "labels": self.labels}}
+        return Answer(200, json.dumps(namespace).encode())
+
+
+async def test_a_namespace_the_watch_shows_without_the_policy_label_is_read_again() -> None:
+    # The apiserver calls the webhook only for namespaces with headroom.dev/policy:
+    # a watch that lags the label being set must not let the pod through unmutated.
+    cache = ClusterCache(watch_nodes=False)
+    cache.on_namespace("ADDED", {"metadata": {"name": "team", "labels": {"x": "y"}}})
+    core = NamespaceRest({"x": "y", "headroom.dev/policy": "gpu-shared"})
+    cache._rest = cast(Rest, core)
+    assert await cache.labels_for("team") == {"x": "y", "headroom.dev/policy": "gpu-shared"}
+    assert core.reads == 1
+    cache.on_namespace(
+        "MODIFIED", {"metadata": {"name": "team", "labels": core.labels}}
+    )  # the watch catches up: no more reads
+    assert await cache.labels_for("team") == core.labels
+    assert core.reads == 1
