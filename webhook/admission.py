@@ -45,6 +45,16 @@ class Admission:
         self._decide = decide
 
     def review(self, request: AdmissionRequest, namespace_labels: Mapping[str, str]) -> Verdict:
+        return self.review_with(request, namespace_labels, self._source.mig_offer())
+
+    def review_with(
+        self,
+        request: AdmissionRequest,
+        namespace_labels: Mapping[str, str],
+        offered_mig: MigOffer | None,
+    ) -> Verdict:
+        """:meth:`review` with the MIG offer read by the caller: on the event loop, for
+        a pod decided on a worker thread while node events change the source."""
         uid = request.uid
         if request.operation == "CREATE":
             problem = _not_a_pod_create(request)
@@ -57,7 +67,7 @@ class Admission:
             namespace_labels=namespace_labels,
             policies=self._source.policies,
             operation=request.operation,
-            offered_mig=self._source.mig_offer(),
+            offered_mig=offered_mig,
         )
         return self._respond(uid, decision)
 

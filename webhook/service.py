@@ -65,7 +65,9 @@ def reviewer(
             # through unmutated because of a watch that lags.
             return Verdict(AdmissionResponse.deny(request.uid, 503, str(err)), "error")
         if off_loop is not None and container_count(request.object) >= LARGE_POD_CONTAINERS:
-            return await off_loop.run(admission.review, request, labels)
+            # The offer is read here, on the loop whose node events change it.
+            offer = cache.mig_offer()
+            return await off_loop.run(admission.review_with, request, labels, offer)
         return admission.review(request, labels)
 
     return review
