@@ -110,6 +110,8 @@ class DeviceUse:
     used: int
     allocated: bool
     """kubelet allocated this device to the pod (the report's ``allocated``)."""
+    mig: bool = False
+    """A MIG device: its memory is the slice's own, no other pod's."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,10 @@ class Allowance:
     """kubelet's PodResources lists every device the pod was given: not so for a plain
     init container's (only app and sidecar containers are listed), so usage outside
     the listed devices then proves nothing."""
+    slices: bool = False
+    """It asks for MIG slices too: what it holds on MIG devices is in its own slices,
+    which its declaration (for its shared containers) does not cover, and is judged
+    only by where kubelet put it."""
 
 
 def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
@@ -138,12 +144,12 @@ def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
         if gpu.error:
             continue
         where = f"gpu {gpu.index} ({gpu.product})" if gpu.product else f"gpu {gpu.index}"
-        places = [(where, gpu.pods)]
-        places += [(f"{where} MIG {d.profile or d.uuid}", d.pods) for d in gpu.mig_devices]
-        for place, pods in places:
+        places = [(where, gpu.pods, False)]
+        places += [(f"{where} MIG {d.profile or d.uuid}", d.pods, True) for d in gpu.mig_devices]
+        for place, pods, mig in places:
             for pod in pods:
                 usage.setdefault(pod.uid, []).append(
-                    DeviceUse(place, pod.used_bytes, pod.allocated)
+                    DeviceUse(place, pod.used_bytes, pod.allocated, mig)
                 )
     return usage
 
@@ -173,8 +179,8 @@ def allowance(pod: Pod) -> Allowance | None:
                 r.container.kind == "initContainers" and not r.container.sidecar
                 for r in gpu_requests(pod)
             )
-            gpus = max(claim.shared + sum(claim.mig.values()), 1)
-            return Allowance(claim.declared, gpus, listed=listed)
+            gpus = max(claim.shared, 1)
+            return Allowance(claim.declared, gpus, listed=listed, slices=bool(claim.mig))
         if not gpu_requests(pod):
             return Allowance(0, asks_no_gpu=True)
     except PodError:
@@ -192,7 +198,10 @@ def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
                 f"uses {human_bytes(stray.used)} of GPU memory on {stray.where}, "
                 "a GPU kubelet did not allocate to it"
             )
-    peak = max(devices, key=lambda device: device.used)
+    judged = [device for device in devices if not (allowed.slices and device.mig)]
+    if not judged:
+        return ""
+    peak = max(judged, key=lambda device: device.used)
     if peak.used > allowed.declared:
         if allowed.asks_no_gpu:
             return (
@@ -203,9 +212,9 @@ def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
             f"uses {human_bytes(peak.used)} of GPU memory on {peak.where}, above its "
             f"declared {human_bytes(allowed.declared)} ({names.GPU_MEMORY})"
         )
-    total = sum(device.used for device in devices)
+    total = sum(device.used for device in judged)
     if total > allowed.declared * allowed.gpus:
-        held = sum(1 for device in devices if device.used > 0)
+        held = sum(1 for device in judged if device.used > 0)
         return (
             f"uses {human_bytes(total)} of GPU memory across {held} GPUs, above its declared "
             f"{human_bytes(allowed.declared)} per GPU ({names.GPU_MEMORY}) times the "

@@ -179,6 +179,29 @@ def test_mig_usage_and_pods_without_declarations() -> None:
     assert "MIG 3g.20gb" in verdicts[0].message
 
 
+def test_memory_in_a_pods_own_mig_slice_is_not_held_against_its_shared_declaration() -> None:
+    # "train" has a shared replica and declares 10Gi; "infer" has its own MIG slice,
+    # which declares nothing (the webhook declares for shared containers only).
+    guard = Guard(grace=1)
+    mixed = guarded("m", "strict")
+    infer = copy.deepcopy(mixed["spec"]["containers"][0])
+    infer["name"] = "infer"
+    infer["resources"] = {"limits": {"nvidia.com/mig-3g.20gb": "1"}}
+    mixed["spec"]["containers"].append(infer)
+    status = report({"m": 15 * GIB}, mig=True)  # in the slice: its own memory
+    shared_gpu = replace(status.gpus[0], index=1, uuid="GPU-2", mig_enabled=False,
+                         mig_devices=[], pods=[PodUsage(uid="m", namespace="ns", name="m",
+                                                        used_bytes=4 * GIB)])  # fmt: skip
+    status = replace(status, gpus=[status.gpus[0], shared_gpu])
+    assert guard.observe(status, {"m": mixed}, POLICIES, NAMESPACES) == []
+    # Over its declaration on the shared GPU, it is still judged there.
+    over = replace(shared_gpu, pods=[replace(shared_gpu.pods[0], used_bytes=12 * GIB)])
+    status = replace(status, gpus=[status.gpus[0], over])
+    verdicts = guard.observe(status, {"m": mixed}, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts] == ["event", "evict"]
+    assert "on gpu 1" in verdicts[0].message
+
+
 def test_terminating_pods_are_not_evicted_again() -> None:
     guard = Guard(grace=1)
     leaving = guarded("e", "strict")
