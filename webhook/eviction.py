@@ -14,8 +14,12 @@ The ValidatingWebhookConfiguration sends only the agent's requests here (a
 matchCondition on the username); everyone else is allowed without a look.
 Conservative where it cannot tell: a token without the claim, or a pod it
 cannot read, is denied (failurePolicy Fail, the agent retries on its next
-tick). A pod that does not exist is allowed: the apiserver then answers 404
-itself, and nothing is evicted.
+tick). The agent's Eviction must carry a UID precondition (agent.client sends
+the UID of the pod it judged): the apiserver reads the pod after admission, so
+without one a pod of the same name created meanwhile -- on any node -- would be
+the one evicted. With it, a pod that does not exist is allowed (the apiserver
+then answers 404 or 409 itself, and nothing is evicted), and one whose UID is
+not the precondition's is refused as another pod.
 """
 
 import logging
@@ -30,9 +34,10 @@ log = logging.getLogger(__name__)
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 DEFAULT_AGENT_USER = names.AGENT_USER
 
-PodNode = Callable[[str, str], Awaitable[str | None]]
-"""``(namespace, name)`` -> the pod's ``spec.nodeName`` ("" if unscheduled), or None if
-the pod does not exist; raises :class:`LookupError` when it cannot be read."""
+PodNode = Callable[[str, str], Awaitable[tuple[str, str] | None]]
+"""``(namespace, name)`` -> the pod's (``spec.nodeName``, ``metadata.uid``) (node "" if
+unscheduled), or None if the pod does not exist; raises :class:`LookupError` when it
+cannot be read."""
 
 
 def eviction_reviewer(
@@ -53,13 +58,25 @@ def eviction_reviewer(
                 f"(claim {NODE_CLAIM}); this token has none, so {key} is not evicted",
             )
         node = claimed[0]
+        expected = _precondition_uid(request.object)
+        if not expected:
+            return _deny(
+                uid,
+                f"the Headroom agent's eviction of {key} must name the pod's UID "
+                "(deleteOptions.preconditions.uid)",
+            )
         try:
-            where = await pod_node(request.namespace, request.name)
+            found = await pod_node(request.namespace, request.name)
         except LookupError as err:
             log.warning("eviction of %s by the agent on %s: pod not readable: %s", key, node, err)
             return _deny(uid, f"cannot read pod {key} to check its node; retry", code=503)
-        if where is None:
+        if found is None:
             return Verdict(AdmissionResponse.allow(uid), "pod-gone")
+        where, pod_uid = found
+        if pod_uid != expected:
+            return _deny(
+                uid, f"pod {key} is now another pod (uid {pod_uid}, not {expected})", code=409
+            )
         if where != node:
             return _deny(
                 uid,
@@ -74,7 +91,7 @@ def eviction_reviewer(
 def api_pod_node(rest: Rest) -> PodNode:
     """:data:`PodNode` by a GET of the pod: authoritative, never a cache."""
 
-    async def pod_node(namespace: str, name: str) -> str | None:
+    async def pod_node(namespace: str, name: str) -> tuple[str, str] | None:
         try:
             answer = await rest.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         except Unreachable as err:
@@ -84,13 +101,23 @@ def api_pod_node(rest: Rest) -> PodNode:
         if answer.status >= 300:
             raise LookupError(f"HTTP {answer.status}: {answer.message()}")
         try:
-            spec = answer.json().get("spec") or {}
+            pod = answer.json()
+            spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
         except (ValueError, AttributeError) as err:
             raise LookupError("the pod read back is not a JSON object") from err
         node = spec.get("nodeName") if isinstance(spec, dict) else None
-        return node if isinstance(node, str) else ""
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        return (node if isinstance(node, str) else "", uid if isinstance(uid, str) else "")
 
     return pod_node
+
+
+def _precondition_uid(eviction: object) -> str:
+    """``deleteOptions.preconditions.uid`` of the Eviction ("" when absent)."""
+    options = eviction.get("deleteOptions") if isinstance(eviction, dict) else None
+    conditions = options.get("preconditions") if isinstance(options, dict) else None
+    uid = conditions.get("uid") if isinstance(conditions, dict) else None
+    return uid if isinstance(uid, str) else ""
 
 
 def _deny(uid: str, message: str, *, code: int = 403) -> Verdict:

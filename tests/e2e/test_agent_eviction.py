@@ -25,12 +25,15 @@ def pinned(namespace: str, name: str, node: str) -> dict[str, Any]:
 
 
 def evict(cluster: Cluster, namespace: str, name: str) -> tuple[int, str]:
-    """POST an Eviction for the pod as the agent of ``OWN`` (its node-bound token)."""
+    """POST an Eviction for the pod as the agent of ``OWN`` (its node-bound token), with
+    the pod's UID as its precondition, as the agent sends it."""
     agent = cluster.state.kubeconfigs / f"agent-{OWN}.kubeconfig"
+    uid = cluster.kubectl_json("get", "pod", name, "-n", namespace)["metadata"]["uid"]
     eviction = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
     }
     result = cluster.kubectl(
         f"--kubeconfig={agent}", "create", "--raw",

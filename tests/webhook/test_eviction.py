@@ -8,7 +8,7 @@ ValidatingWebhookConfiguration (tests/e2e/test_agent_eviction.py).
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
@@ -28,9 +28,13 @@ PODS = {("ml", "on-a"): "gpu-a", ("ml", "on-b"): "gpu-b", ("ml", "pending"): ""}
 
 
 def eviction_review(
-    pod: str, *, user: str = names.AGENT_USER, node: str | None = "gpu-a"
+    pod: str, *, user: str = names.AGENT_USER, node: str | None = "gpu-a", uid: str | None = None
 ) -> dict[str, Any]:
+    """The agent's Eviction of ``pod``, with the UID precondition it sends (``uid``: ""
+    for none; by default the pod's own)."""
     extra = {NODE_CLAIM: [node]} if node is not None else {}
+    uid = f"uid-{pod}" if uid is None else uid
+    options = {"deleteOptions": {"preconditions": {"uid": uid}}} if uid else {}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -53,6 +57,7 @@ def eviction_review(
                 "apiVersion": "policy/v1",
                 "kind": "Eviction",
                 "metadata": {"name": pod, "namespace": "ml"},
+                **options,
             },
             "dryRun": False,
         },
@@ -66,11 +71,12 @@ class Pods:
         self.fail = False
         self.reads = 0
 
-    async def __call__(self, namespace: str, name: str) -> str | None:
+    async def __call__(self, namespace: str, name: str) -> tuple[str, str] | None:
         self.reads += 1
         if self.fail:
             raise LookupError("apiserver unreachable")
-        return PODS.get((namespace, name))
+        node = PODS.get((namespace, name))
+        return None if node is None else (node, f"uid-{name}")
 
 
 @pytest.fixture
@@ -137,6 +143,20 @@ async def test_a_missing_pod_and_other_users_are_allowed(webhook: Client, pods: 
     assert pods.reads == 1  # only the agent's requests are looked into
 
 
+async def test_an_eviction_without_the_pods_uid_or_of_another_pod_evicts_nothing(
+    webhook: Client,
+) -> None:
+    # The apiserver reads the pod after admission: without a UID precondition a pod
+    # of the same name created meanwhile, on any node, would be the one evicted.
+    bare = await answer(webhook, eviction_review("on-a", uid=""))
+    assert bare["allowed"] is False
+    assert "deleteOptions.preconditions.uid" in bare["status"]["message"]
+    other = await answer(webhook, eviction_review("on-a", uid="uid-of-its-predecessor"))
+    assert other["allowed"] is False
+    assert other["status"]["code"] == 409
+    assert "is now another pod" in other["status"]["message"]
+
+
 async def test_a_malformed_review_is_a_denial_naming_the_field(webhook: Client) -> None:
     review = eviction_review("on-a")
     review["request"]["userInfo"]["extra"] = {NODE_CLAIM: "gpu-a"}  # a string, not a list
@@ -145,16 +165,26 @@ async def test_a_malformed_review_is_a_denial_naming_the_field(webhook: Client) 
     assert "userInfo" in response["status"]["message"]
 
 
+async def read_pod_with_uid(request: web.Request) -> web.Response:
+    """As tests.pod_reads.read_pod, with the pod's UID."""
+    answer = await read_pod(request)
+    if answer.status != 200:
+        return answer
+    pod = json.loads(cast(bytes, answer.body))
+    pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}"
+    return web.json_response(pod)
+
+
 async def test_the_pod_is_read_from_the_apiserver() -> None:
     app = web.Application()
-    app.router.add_get(POD_PATH, read_pod)
+    app.router.add_get(POD_PATH, read_pod_with_uid)
     async with TestServer(app, host="127.0.0.1") as server:
         configuration = client.Configuration()
         configuration.host = str(server.make_url("")).rstrip("/")
         rest = Rest(configuration, timeout=2.0)
         try:
             pod_node = api_pod_node(rest)
-            assert await pod_node("ml", "p") == "gpu-a"
+            assert await pod_node("ml", "p") == ("gpu-a", "uid-p")
             assert await pod_node("ml", "gone") is None
             with pytest.raises(LookupError, match="HTTP 503: etcd down"):
                 await pod_node("ml", "broken")
