@@ -114,7 +114,15 @@ class KubeletAllocations:
                     err.reason,
                 )
                 self._failing = err.reason
-            return {}
+            # A container keeps the devices kubelet gave it for its life: the last
+            # answer still holds for the pods still here. Dropped, a kubelet that
+            # misses every other deadline would unlocate pods tick after tick, and
+            # the guard's streak for a pod on a GPU it was not given would reset.
+            return {
+                device: kept
+                for device, uids in self.latest.items()
+                if (kept := frozenset(uid for uid in uids if uid in pods))
+            }
         if self._failing is not None:
             log.info("kubelet PodResources answers again: pods are located at allocation")
             self._failing = None

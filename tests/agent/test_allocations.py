@@ -207,6 +207,20 @@ async def test_a_kubelet_that_cannot_answer_costs_no_report(
     assert len([m for m in messages if "answers again" in m]) == 1
 
 
+async def test_a_kubelet_that_stops_answering_leaves_pods_where_it_put_them(
+    kubelet: Kubelet, socket_path: Path
+) -> None:
+    tick, allocations = agent(socket_path)
+    try:
+        answered = await tick.tick()
+        kubelet.rate_limited = True
+        missed = [await tick.tick() for _ in range(2)]
+    finally:
+        await allocations.close()
+    assert listed(answered) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
+    assert [listed(s) for s in missed] == [listed(answered)] * 2
+
+
 async def test_a_missing_socket_is_logged_once(
     socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
