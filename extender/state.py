@@ -445,7 +445,10 @@ class ClusterState:
             held = [
                 g.index for g in report.gpus for u in g.pods if u.uid == claim.uid and u.used_bytes
             ]
-            if len(held) == 1:
+            node = self.nodes.get(claim.node)
+            # Only on a GPU the node has: one a report places beyond them (a bug, a
+            # forgery: the accounting drops such GPUs) would be counted nowhere.
+            if len(held) == 1 and node is not None and held[0] < node.count:
                 where = held[0]
         left = self.departures.setdefault(claim.node, deque())
         now = self.clock()

@@ -349,3 +349,22 @@ def test_a_count_label_raised_adds_no_room() -> None:
     assert before < 15 * GIB  # a fifth could be the third on one GPU: 45 GiB of 40
     state.on_node("MODIFIED", relabelled(node, 4))
     assert headroom(state) <= before
+
+
+def test_a_departure_from_a_gpu_the_node_does_not_have_is_counted_anywhere() -> None:
+    # The device plugin put a, b, c (10Gi) on GPU 0 and p, q (512Mi) on GPU 1 of a
+    # 2-GPU node; a report (a bug, a forgery) places p and q on "GPU 5". Their
+    # departures, recorded there, would be counted nowhere, and GPU 0 charged 20Gi.
+    node = gpu_node("gpu-a", gpus=2)
+    sizes = {"a": "10Gi", "p": "512Mi", "b": "10Gi", "q": "512Mi", "c": "10Gi"}
+    pods = {name: gpu_pod(name, node="gpu-a", declared=size) for name, size in sizes.items()}
+    state, clock = state_with(node, *pods.values())
+    beyond = {5: {uid_of(pods["p"]): 2**20, uid_of(pods["q"]): 2**20}}
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, **beyond}))
+    clock.now += 1
+    for name in ("p", "q"):
+        state.on_pod("DELETED", pods[name])
+    assert [index for _, index in state.history("gpu-a").departures] == [None, None]
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].accounted >= 30 * GIB
