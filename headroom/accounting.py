@@ -549,7 +549,10 @@ def _spread(
     window = min((at for at in created if at is not None), default=now)
     left: dict[int | None, int] = {}
     for at, index in history.departures:
-        if at >= window:
+        # Departures carry the extender's clock, creations the apiserver's: one a
+        # clock skew (the tolerance reports get) before the window still counts;
+        # more departures only ever charge more.
+        if at >= window - FUTURE_TOLERANCE_SECONDS:
             left[index] = left.get(index, 0) + 1
     bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
     own = {g: len(located.get(g, ())) for g in shared_indices}

@@ -368,3 +368,24 @@ def test_a_departure_from_a_gpu_the_node_does_not_have_is_counted_anywhere() -> 
     account = state.account("gpu-a")
     assert account is not None
     assert account.gpus[0].accounted >= 30 * GIB
+
+
+def test_departures_count_across_a_skew_between_the_extender_and_the_apiserver() -> None:
+    # The device plugin put a, b, c (10Gi) on GPU 0 and p, q on GPU 1; p and q left.
+    # Departures carry the extender's clock, here 2 s behind the apiserver's that
+    # stamps creations: they must still count, or GPU 0 is charged 20Gi, not 30.
+    node = gpu_node("gpu-a", gpus=2)
+    state, clock = state_with(node)
+    sizes = {"a": "10Gi", "p": "512Mi", "b": "10Gi", "q": "512Mi", "c": "10Gi"}
+    pods = {}
+    for name, size in sizes.items():
+        created = EPOCH + timedelta(seconds=10)  # the apiserver's clock
+        pods[name] = gpu_pod(name, node="gpu-a", declared=size)
+        pods[name]["metadata"]["creationTimestamp"] = created.isoformat()
+        state.on_pod("ADDED", pods[name])
+    clock.now = (EPOCH + timedelta(seconds=8)).timestamp()  # the extender's, 2 s behind
+    for name in ("p", "q"):
+        state.on_pod("DELETED", pods[name])
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].accounted >= 30 * GIB
