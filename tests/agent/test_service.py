@@ -107,27 +107,16 @@ async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture
     assert probe.closed
 
 
-class StallingProbe:
+class StallingProbe(BrokenProbe):
     """A backend whose read takes ``seconds`` of the injected clock (NVML hung on a GPU)."""
 
     def __init__(self, clock: Clock, seconds: float) -> None:
         self.clock = clock
         self.seconds = seconds
 
-    @property
-    def name(self) -> BackendName:
-        return "nvml"
-
-    @property
-    def blocking(self) -> bool:
-        return False
-
     def snapshot(self) -> Snapshot:
         self.clock.advance(self.seconds)
         return Snapshot()
-
-    def close(self) -> None:
-        pass
 
 
 async def test_a_report_is_dated_when_its_tick_started_reading() -> None:
