@@ -19,7 +19,11 @@ backs a shared replica, and Headroom cannot steer it. So the rule is:
   device plugin can have put them: each GPU ``g`` the largest ``x_g`` of them,
   where ``x_g`` is the most its ``distributed`` allocation policy can have put
   on ``g`` (:mod:`headroom.spread`); on a node whose departures since the oldest
-  of them was created are not known (``history``), on every GPU;
+  of them was created are not known (``history``), on every GPU. The located
+  pods of ``g`` hold ``x_g`` down, but kubelet may already have freed some of
+  them (the report shows a pod's end later) or they may leave before kubelet
+  admits the next pod: so ``g`` is charged the worst over ``j`` of them gone,
+  their ``j`` smallest charges off and the larger ``x_g`` their absence allows on;
 * a new pod fits only if its declared memory fits the **tightest** GPU
   (:attr:`NodeAccount.tightest`), whichever GPU it gets.
 
@@ -42,7 +46,7 @@ MIG pods are counted against slices, not GPU memory: a profile's free slices
 are its node capacity minus the slices bound and assumed pods ask for.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -51,13 +55,19 @@ from headroom.claims import PodClaim
 from headroom.nodes import NodeGPUs
 from headroom.quantity import human_bytes
 from headroom.reports import CONDITION_NVML_AVAILABLE, SCHEMA_VERSION, GPUUsage, ReportStatus
-from headroom.spread import most_on_gpu
+from headroom.spread import most_with_gone
 
 Source = Literal["report", "stale-report", "declarations"]
 NO_GPU_HEADROOM = -(2**62)
 """Headroom of a node with no usable GPU: less than any pod can need."""
 CANNOT_LAND = 2**62
 """Room on a GPU the device plugin cannot give a new pod: it constrains nothing."""
+Variant = tuple[int, tuple[int, int] | None]
+"""For one ``j`` (:class:`Spread`): how far its charge of the GPU stays below the
+charge taken (``slack``), and what a new single-replica pod grows it by there
+(``beside``, ``overflow``; None: the device plugin cannot give it this GPU)."""
+UNCHANGED: tuple[Variant, ...] = ((0, (0, 0)),)
+"""A GPU whose new pod adds exactly its own declaration."""
 
 
 @dataclass(frozen=True)
@@ -324,14 +334,17 @@ def _measured(
                 located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
     limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed)
-    growth: dict[int, tuple[int, int] | None] = {}
+    growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
+    leavers: dict[int, list[int]] = {}
     for claim in claims:
         where = seen.get(claim.uid, {})
         if claim.uid in located:
             for index, used in where.items():
                 charge = max(_need(claim, node, total(index)), used)
                 charges.setdefault(index, []).append(_charge(claim, used, charge, True))
+                if used or index in allocated.get(claim.uid, ()):
+                    leavers.setdefault(index, []).append(charge)
         elif not claim.shared:
             # A MIG or whole-GPU pod seen on the GPU's own memory: charge what it holds.
             for index, used in where.items():
@@ -343,7 +356,7 @@ def _measured(
             charge = max(_need(claim, node, total(index)), used)
             observed = used if index in seen.get(claim.uid, {}) else None
             lines.append(_charge(claim, observed, charge, False))
-        capped, growth[index] = _cap(lines, unlocated, limits, index)
+        capped, growth[index] = _cap(lines, unlocated, limits, index, leavers.get(index, ()))
         charges[index].extend(capped)
     for gpu in report.gpus:
         for usage in gpu.pods:
@@ -359,7 +372,7 @@ def _measured(
             charges.get(index, []),
             margin,
             shared=index in shared_indices,
-            growth=growth.get(index, (0, 0)),
+            growth=growth.get(index, UNCHANGED),
         )
         for index in sorted(charges)
     ]
@@ -493,7 +506,7 @@ def _gpu(
     margin: int,
     *,
     shared: bool,
-    growth: tuple[int, int] | None = (0, 0),
+    growth: Sequence[Variant] = UNCHANGED,
 ) -> GPUAccount:
     total = usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
     if node.memory_bytes > 0:
@@ -518,11 +531,12 @@ def _gpu(
 
 @dataclass(frozen=True)
 class Spread:
-    """Per shared GPU, the most single-replica unlocated pods it can hold: ``now``
-    for the pods on the node, ``next`` with one more (a pod the filter asks about)."""
+    """Per shared GPU, the most single-replica unlocated pods it can hold, indexed by
+    ``j``, the number of its located pods taken to be gone (``0..own``): ``now`` for
+    the pods on the node, ``next`` with one more (a pod the filter asks about)."""
 
-    now: Mapping[int, int]
-    next: Mapping[int, int]
+    now: Mapping[int, tuple[int, ...]]
+    next: Mapping[int, tuple[int, ...]]
 
 
 def _spread(
@@ -540,6 +554,15 @@ def _spread(
     more shared GPUs than the node's label and device plugin both show
     (``confirmed``): the device plugin spreads pods over the GPUs it has, and
     counting a phantom one would put fewer on each real one than it can.
+
+    A GPU's own located pods raise the level its newcomers must have reached,
+    so they hold ``x_g`` down -- only while kubelet still holds them allocated.
+    Kubelet frees a pod's replica when its containers end, before the report
+    (or the API) shows it; and a located pod may leave between a new pod's
+    bind and kubelet admitting it. So the bound is kept for every ``j`` of
+    them gone: ``own - j`` located, with their memory gone too (:func:`_cap`).
+    Located pods of the other GPUs only ever raise their bounds: a pod gone
+    from one is counted there still, which charges more.
     """
     if len(shared_indices) < 2 or len(shared_indices) > confirmed or history is None:
         return None
@@ -555,13 +578,16 @@ def _spread(
         if at >= window - FUTURE_TOLERANCE_SECONDS:
             left[index] = left.get(index, 0) + 1
     bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
-    own = {g: len(located.get(g, ())) for g in shared_indices}
     replicas = sum(c.shared for c in unlocated)
     anywhere = left.get(None, 0)
-    return Spread(
-        now={g: most_on_gpu(g, replicas, bounds, anywhere, own[g]) for g in shared_indices},
-        next={g: most_on_gpu(g, replicas + 1, bounds, anywhere, own[g]) for g in shared_indices},
-    )
+
+    now: dict[int, tuple[int, ...]] = {}
+    more: dict[int, tuple[int, ...]] = {}
+    for g in shared_indices:
+        own = len(located.get(g, ()))
+        now[g] = most_with_gone(g, replicas, bounds, anywhere, own)
+        more[g] = most_with_gone(g, replicas + 1, bounds, anywhere, own, least=now[g])
+    return Spread(now=now, next=more)
 
 
 def _cap(
@@ -569,41 +595,66 @@ def _cap(
     unlocated: list[PodClaim],
     spread: Spread | None,
     index: int,
-) -> tuple[list[PodCharge], tuple[int, int] | None]:
-    """The unlocated pods' lines on GPU ``index``, and for a new single-replica pod
-    (``beside``, ``overflow``): what the charge here grows by beside it, and with
-    the largest pods that could then be here (None: it cannot land here).
+    leavers: Iterable[int] = (),
+) -> tuple[list[PodCharge], list[Variant]]:
+    """The unlocated pods' lines on GPU ``index``, and per ``j`` (:class:`Spread`)
+    the :data:`Variant` a new single-replica pod is checked against.
 
-    The largest ``spread.now[index]`` single-replica lines are charged in full,
-    the rest 0 (they cannot all be here); multi-replica pods in full. With one
-    more pod, ``m = spread.next[index]`` of them can be here: the new pod fits
-    if it fits beside the largest ``m - 1`` and the largest ``m`` fit anyway.
+    ``leavers`` are the charges of the located pods ``spread`` counted on the
+    GPU. With ``j`` of them gone -- the ``j`` smallest, which frees the least --
+    the largest ``spread.now[index][j]`` single-replica lines can be here. The
+    GPU is charged the worst ``j``: the largest lines in full, as many as that
+    takes (the last in part), the rest 0 (they cannot all be here);
+    multi-replica pods in full. With one more pod, ``m = spread.next[index][j]``
+    of them can be here: the new pod fits if, for every ``j``, it fits beside
+    the largest ``m - 1`` and the largest ``m`` fit anyway.
     """
     if spread is None:
-        return lines, (0, 0)
+        return lines, list(UNCHANGED)
     replicas = {c.uid: c.shared for c in unlocated}
     ranked = sorted(
         (line for line in lines if replicas.get(line.uid) == 1),
         key=lambda line: (-line.charged, line.uid),
     )
-    single = [line.charged for line in ranked]
-    now = spread.now.get(index, len(ranked))
-    kept = {line.uid for line in ranked[:now]}
+    top = [0]
+    for line in ranked:
+        top.append(top[-1] + line.charged)
+    last = len(ranked)  # the bounds count multi-replica pods' replicas too
+    nows = [min(now, last) for now in spread.now.get(index, (last,))]
+    nexts = [min(more, last + 1) for more in spread.next.get(index, (last + 1,))]
+    top.append(top[-1])  # the new pod itself adds its own need, not a line's
+    freed = [0]
+    for charge in sorted(leavers)[: len(nows) - 1]:
+        freed.append(freed[-1] + charge)
+    here = [top[now] - freed[j] for j, now in enumerate(nows)]
+    worst = max(here)
+    budget, charged = worst, {}
+    for line in ranked:
+        charged[line.uid] = min(line.charged, budget)
+        budget -= charged[line.uid]
     capped = [
         line
-        if line.uid in kept or replicas.get(line.uid, 1) != 1
-        else replace(line, charged=0, spread=True)
+        if replicas.get(line.uid, 1) != 1 or charged[line.uid] == line.charged
+        else replace(line, charged=charged[line.uid], spread=not charged[line.uid])
         for line in lines
     ]
-    more = spread.next.get(index, len(single) + 1)
-    if more == 0:
-        return capped, None
-    charged_now = sum(single[:now])
-    return capped, (sum(single[: more - 1]) - charged_now, sum(single[:more]) - charged_now)
+    variants: list[Variant] = []
+    for j, (now, more) in enumerate(zip(nows, nexts, strict=True)):
+        slack = worst - here[j]
+        if more == 0:
+            variants.append((slack, None))
+        else:
+            variants.append((slack, (top[more - 1] - top[now], top[more] - top[now])))
+    return capped, variants
 
 
-def _room(headroom: int, growth: tuple[int, int] | None) -> int:
-    """Room on a GPU for one more single-replica pod (see :func:`_cap`)."""
+def _room(headroom: int, growth: Sequence[Variant]) -> int:
+    """Room on a GPU for one more single-replica pod (see :func:`_cap`): the least
+    over its variants."""
+    return min(_room_one(headroom + slack, more) for slack, more in growth)
+
+
+def _room_one(headroom: int, growth: tuple[int, int] | None) -> int:
     if growth is None:
         return CANNOT_LAND
     beside, overflow = growth

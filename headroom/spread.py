@@ -31,6 +31,13 @@ GPU: spread as suits the worst case, ``Σ e_h <= D``). So
 A pod the filter asks about counts as one more unlocated replica: the
 extender admits it where it fits beside what could be on each GPU with it.
 
+``o_g`` must count only pods kubelet still holds allocated on ``g``. The report
+lags kubelet (it frees a pod's replica when its containers end), and a located
+pod may leave before kubelet admits the next one; so the accounting evaluates
+the bound for every ``o_g - j`` and charges the worst, with those ``j`` pods'
+memory gone too (``headroom.accounting._cap``). A pod gone from another GPU
+``h`` while still counted in ``c_h`` only raises the bound.
+
 :func:`most_on_gpu` is the largest ``x_g`` that satisfies it. The accounting
 charges each GPU the largest ``x_g`` of the unlocated single-replica pods
 (a multi-replica pod stays charged on every GPU). The bound needs the
@@ -42,7 +49,7 @@ configured with ``sharedDevicesAllocationPolicy: packed`` (newer releases), and
 GPUs marked unhealthy (the allocator skips them). The README says so.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 def most_on_gpu(
@@ -56,13 +63,36 @@ def most_on_gpu(
     then; ``own`` counts ``gpu``'s located replicas. A GPU missing from ``others``
     bounds nothing.
     """
+    return most_with_gone(gpu, unlocated, others, anywhere, own)[0]
+
+
+def most_with_gone(
+    gpu: int,
+    unlocated: int,
+    others: Mapping[int, int],
+    anywhere: int,
+    own: int,
+    least: Sequence[int] = (),
+) -> tuple[int, ...]:
+    """:func:`most_on_gpu` with ``j`` of ``gpu``'s located replicas gone, for ``j`` in
+    ``0..own``: ``own - j`` in the bound. ``least[j]``, where given, is a count known
+    to satisfy the bound for that ``j`` (the answer with fewer ``unlocated``).
+
+    Fewer located only ever allow more, so each search starts where the last
+    ended: ``O(unlocated + own)`` steps in all.
+    """
     bounds = [count for index, count in others.items() if index != gpu]
+    result = []
     most = 0
-    while most < unlocated:
-        more = most + 1
-        level = more - 1 + own
-        needed = more + max(0, sum(max(0, level - count) for count in bounds) - anywhere)
-        if needed > unlocated:
-            break
-        most = more
-    return most
+    for j in range(own + 1):
+        below = own - j - 1  # level = more - 1 + (own - j)
+        most = min(max(most, least[j] if j < len(least) else 0), unlocated)
+        while most < unlocated:
+            more = most + 1
+            level = more + below
+            short = sum(level - count for count in bounds if count < level)
+            if more + max(0, short - anywhere) > unlocated:
+                break
+            most = more
+        result.append(most)
+    return tuple(result)

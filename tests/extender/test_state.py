@@ -258,6 +258,58 @@ def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() ->
     assert headroom(later) == tightest(later)
 
 
+def two_gpu_node_with_located(
+    state: ClusterState, located: dict[int, dict[str, str]], *, memory_mib: int = 40960
+) -> dict[str, str]:
+    """A 2-GPU node whose report locates ``located`` (GPU -> pod name -> declared)."""
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, memory_mib=memory_mib))
+    uids: dict[str, str] = {}
+    usage: dict[int, dict[str, int]] = {0: {}, 1: {}}
+    for gpu, pods in located.items():
+        for name, declared in pods.items():
+            pod = gpu_pod(name, node="gpu-a", declared=declared, phase="Running")
+            state.on_pod("ADDED", pod)
+            uids[name] = uid_of(pod)
+            usage[gpu][uids[name]] = 2**20  # holding memory: located
+    state.on_report("ADDED", gpu_report("gpu-a", usage, total_mib=memory_mib))
+    return uids
+
+
+def test_a_located_pod_kubelet_already_freed_does_not_keep_newcomers_off_its_gpu() -> None:
+    # z is located on GPU 0, y on GPU 1. z's container ends: kubelet frees its
+    # replica at once, the report and the API show it later. The device plugin
+    # then sees GPU 0 emptier than the extender does: 13.5 GiB pods a, b, c, d
+    # go 0, 0, 1, 0 -- 40.5 GiB on GPU 0. So after a, b, c no 13.5 GiB pod fits
+    # (found by a randomized model of the allocator, 2026-11-25).
+    state, _ = fresh_state()
+    two_gpu_node_with_located(state, {0: {"z": "512Mi"}, 1: {"y": "512Mi"}})
+    for name in "abc":
+        state.on_pod("ADDED", gpu_pod(name, node="gpu-a", declared="13824Mi"))
+    assert headroom(state) < 13824 * 2**20
+    # Were z really gone, a and b could be on GPU 0 (27 GiB): charged at least that.
+    account = state.account("gpu-a")
+    assert account is not None
+    assert min(gpu.accounted for gpu in account.gpus) >= 27 * GIB
+
+
+def test_a_located_pod_that_leaves_before_the_next_is_allocated_frees_its_gpu() -> None:
+    # 16 GiB GPUs: a (8 GiB) and x are located on GPU 0, y on GPU 1. GPU 0 has
+    # more pods, so the device plugin would give a new pod GPU 1 -- unless x
+    # leaves between n's bind and kubelet admitting n: then it gives GPU 0, and
+    # a + n = 16 GiB there, over the 15.5 GiB usable.
+    state, _ = fresh_state()
+    two_gpu_node_with_located(
+        state, {0: {"a": "8Gi", "x": "512Mi"}, 1: {"y": "512Mi"}}, memory_mib=16384
+    )
+    pod = gpu_pod("n", declared="8Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.lookup(uid_of(pod), "research", "n")
+    assert claim is not None
+    verdict = state.assume(claim, "gpu-a")
+    assert not verdict.fits
+    assert state.assumed == {}
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
