@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from extender.verdicts import Verdicts
+from extender.verdicts import UNKNOWN_NODE, Verdicts
 from headroom.accounting import (
     FUTURE_TOLERANCE_SECONDS,
     History,
@@ -45,6 +45,7 @@ from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
 from headroom.placement import Fit, fit
 from headroom.podspec import PodError
+from headroom.quantity import human_bytes
 from headroom.reports import ReportStatus, parse_report
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,44 @@ class ClusterState:
             history=self.history(name) if self.spread else None,
         )
 
+    def fit(self, claim: PodClaim, name: str, *, without: str | None = None) -> Fit:
+        """Whether ``claim`` fits node ``name`` now (:func:`headroom.placement.fit`),
+        as if pod ``without`` were not there.
+
+        A pod of more than one replica is charged in full on every GPU, but its
+        replicas also let more of the unlocated single-replica pods already there
+        come together on one GPU (headroom.spread): it fits only if every GPU has
+        room in the account worked out with it.
+        """
+        account = self.account(name) if without is None else self.account_without(name, without)
+        if account is None:
+            return Fit(False, UNKNOWN_NODE)
+        verdict = fit(account, claim)
+        if not verdict.fits or claim.shared <= 1 or len(account.gpus) < 2:
+            return verdict
+        node = self.nodes[name]
+        others = (c for c in self.claims_on(name) if c.uid not in (claim.uid, without))
+        trial = account_node(
+            node,
+            [*others, replace(claim, node=name)],
+            self.reports.get(name),
+            now=self.clock(),
+            margin=self.margin,
+            stale_after=self.stale_after,
+            last_good=self.last_good.get(name),
+            history=self.history(name) if self.spread else None,
+        )
+        shared = [gpu for gpu in trial.gpus if gpu.shared]
+        fullest = min(shared, key=lambda gpu: gpu.headroom, default=None)
+        if fullest is None or fullest.headroom >= 0:
+            return verdict
+        return Fit(
+            False,
+            f"{claim.shared} replicas of {claim.need_text}, each GPU charged: beside them "
+            f"more of the pods bound here and not located yet can share one GPU, and gpu "
+            f"{fullest.index} would be {human_bytes(-fullest.headroom)} over",
+        )
+
     def history(self, name: str) -> History:
         """The node's departures the extender has seen, and since when it has seen all."""
         since = max(self.started, self.clock() - HISTORY_SECONDS)
@@ -357,10 +396,9 @@ class ClusterState:
         if holds and not also:
             elsewhere = ", ".join(sorted(holds))
             return Fit(False, f"pod {claim.key} may already be bound to {elsewhere}")
-        account = self.account(node)
-        if account is None:
+        if self.account(node) is None:
             return Fit(False, f"node {node} is not in the extender's cache")
-        verdict = fit(account, claim)
+        verdict = self.fit(claim, node)
         if verdict.fits:
             self._hold(claim, node)
         return verdict

@@ -29,7 +29,7 @@ from extender.wire import (
 from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import Budget
 from headroom.names import HEADROOM_SCHEDULER
-from headroom.placement import Fit, fit, score
+from headroom.placement import Fit, score
 from headroom.podspec import PodError
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,7 @@ class Extender:
         else:
             passed, failed = [], {}
             for name in candidates.names:
-                account = accounts.get(name)
-                verdict = Fit(False, UNKNOWN_NODE) if account is None else fit(account, claim)
+                verdict = state.fit(claim, name) if name in accounts else Fit(False, UNKNOWN_NODE)
                 if verdict.fits:
                     passed.append(name)
                 else:
@@ -206,11 +205,9 @@ class Extender:
         against the pod itself, or it waits for an unrelated event to be retried.
         """
         for name in self.state.assumed.get(claim.uid, {}):
-            if name in failed:
-                account = self.state.account_without(name, claim.uid)
-                if account is not None and fit(account, claim).fits:
-                    del failed[name]
-                    passed.append(name)
+            if name in failed and self.state.fit(claim, name, without=claim.uid).fits:
+                del failed[name]
+                passed.append(name)
 
     # --- prioritize ---------------------------------------------------------
 

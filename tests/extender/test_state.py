@@ -310,6 +310,23 @@ def test_a_located_pod_that_leaves_before_the_next_is_allocated_frees_its_gpu() 
     assert state.assumed == {}
 
 
+def test_a_pod_with_two_replicas_fits_only_beside_what_its_replicas_let_come_together() -> None:
+    # 16 GiB GPUs, nothing located. a (10 GiB) and b (6 GiB) are bound: on three
+    # GPUs they cannot share one. m (5 GiB x 2 replicas) adds two replicas, and
+    # then a and b can: a on 0, m on 1 and 2, b on 0 -- 16 GiB on GPU 0.
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, memory_mib=16384))
+    for name, declared in (("a", "10Gi"), ("b", "6Gi")):
+        state.on_pod("ADDED", gpu_pod(name, node="gpu-a", declared=declared))
+    pod = gpu_pod("m", declared="5Gi", shared=2)
+    state.on_pod("ADDED", pod)
+    claim = state.lookup(uid_of(pod), "research", "m")
+    assert claim is not None
+    verdict = state.assume(claim, "gpu-a")
+    assert not verdict.fits
+    assert "2 replicas" in verdict.reason
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
