@@ -581,13 +581,13 @@ def _spread(
     replicas = sum(c.shared for c in unlocated)
     anywhere = left.get(None, 0)
 
-    now: dict[int, tuple[int, ...]] = {}
+    most: dict[int, tuple[int, ...]] = {}
     more: dict[int, tuple[int, ...]] = {}
     for g in shared_indices:
         own = len(located.get(g, ()))
-        now[g] = most_with_gone(g, replicas, bounds, anywhere, own)
-        more[g] = most_with_gone(g, replicas + 1, bounds, anywhere, own, least=now[g])
-    return Spread(now=now, next=more)
+        most[g] = most_with_gone(g, replicas, bounds, anywhere, own)
+        more[g] = most_with_gone(g, replicas + 1, bounds, anywhere, own, least=most[g])
+    return Spread(now=most, next=more)
 
 
 def _cap(
