@@ -3,7 +3,8 @@
 Watches nodes, GPU pods and GPUNodeReports; filters out nodes whose GPU lacks
 the memory a pod declared, scores the rest (binpack or spread), and binds,
 re-checking fit first. Also serves /healthz, /readyz (503 until the watches
-have listed), /metrics and /state (the accounting as JSON).
+have listed and binds sent before this process started can no longer land),
+/metrics and /state (the accounting as JSON).
 
 Configure kube-scheduler with managedResources nvidia.com/gpu.shared and every
 nvidia.com/mig-<profile> your nodes offer, nodeCacheCapable: true, and this
@@ -15,7 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
-from cli.options import add_kubeconfig, duration, memory, port
+from cli.options import add_kubeconfig, duration, lease, memory, port
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 from headroom.names import HEADROOM_SCHEDULER
 
@@ -59,6 +60,16 @@ def add_parser(subparsers: Any) -> None:
         help="a bound-or-maybe-bound pod the pod watch has not confirmed after this long is "
         "read from the apiserver, and released only if it is not bound (default 10s; no "
         "timer alone ever releases one)",
+    )
+    parser.add_argument(
+        "--leader-lease",
+        type=lease,
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="the leader-election Lease of the kube-scheduler this extender is a sidecar of "
+        "(its leaderElection resourceNamespace/resourceName): filter and bind wait after that "
+        "scheduler takes the lease until the previous leader's binds can no longer land "
+        "(default: none; they wait only after this extender starts)",
     )
     parser.add_argument(
         "--scheduler-name",
@@ -106,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         advertise_capacity=args.advertise_capacity,
         spread=args.device_plugin_policy == "distributed",
         choose=args.choose,
+        leader_lease=args.leader_lease,
     )
     try:
         asyncio.run(serve(settings))

@@ -41,6 +41,20 @@ def port(text: str) -> int:
     return number
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def lease(text: str) -> str:
+    """``namespace/name`` of a Lease."""
+    namespace, slash, name = text.partition("/")
+    if not slash or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Lease as namespace/name (e.g. headroom-system/headroom-scheduler)"
+        )
+    return text
+
+
 def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
     """``--kubeconfig PATH``, resolved by :func:`kube.config.api_client`."""
     parser.add_argument(

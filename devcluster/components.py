@@ -150,6 +150,8 @@ def _processes(cluster: "Cluster", specs: list[nodes.NodeSpec]) -> list[Componen
                 str(extender_port),
                 "--kubeconfig",
                 str(scheduler_config),
+                "--leader-lease",
+                f"{NAMESPACE}/headroom-scheduler",
             ),
             log=str(state.logs / "extender.log"),
             probe=Probe(f"http://127.0.0.1:{extender_port}/readyz"),

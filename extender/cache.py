@@ -2,7 +2,8 @@
 
 Pods are watched cluster-wide minus terminated ones (a field selector, so a
 pod that finishes arrives as DELETED); the state keeps only GPU pods. The
-extender is ready once every watch has listed once. PodDisruptionBudgets are
+extender is ready once every watch has listed once. With ``--leader-lease`` the
+scheduler's Lease is watched as well (extender.leadership). PodDisruptionBudgets are
 watched for the ``preempt`` verb only, and outside readiness: without them
 preemption keeps kube-scheduler's own PDB count (extender.preemption), while a
 blind node, pod or report watch could over-commit. The informers keep only
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from extender.capacity import CapacityAdvertiser
+from extender.leadership import Leadership
 from extender.state import ClusterState
 from headroom import names
 from kube.informer import Handler, Informer, Resource, identity
@@ -28,8 +30,8 @@ binds and deletions, so it goes not-ready and answers filter and bind with an Er
 
 
 WATCH_CONNECTIONS = 8
-"""For the informers' :class:`kube.rest.Rest`: one held by each of the four watches,
-and room for their lists."""
+"""For the informers' :class:`kube.rest.Rest`: one held by each of the (up to five)
+watches, and room for their lists."""
 
 
 class Caches:
@@ -39,8 +41,11 @@ class Caches:
         state: ClusterState,
         advertiser: CapacityAdvertiser | None = None,
         budgets: Handler | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
-        """``rest``: the informers hold one connection each for their watch."""
+        """``rest``: the informers hold one connection each for their watch. With a
+        ``leadership`` that names a lease, that Lease is watched too, and a blind lease
+        watch makes the extender not ready (a leader change could go unseen)."""
         reports = f"/apis/{names.GROUP}/{names.VERSION}/{names.REPORT_PLURAL}"
 
         def on_node(kind: str, obj: Mapping[str, Any]) -> None:
@@ -48,7 +53,7 @@ class Caches:
             if advertiser is not None:
                 advertiser.on_node(kind, obj)
 
-        self.informers = (
+        self.informers: tuple[Informer, ...] = (
             Informer(
                 Resource(rest, "/api/v1/nodes"),
                 name="nodes",
@@ -71,6 +76,16 @@ class Caches:
                 keep=identity,
             ),
         )
+        path = leadership.path() if leadership is not None else None
+        if leadership is not None and path is not None:
+            self.informers += (
+                Informer(
+                    Resource(rest, path, fieldSelector=f"metadata.name={leadership.name}"),
+                    name="leases",
+                    handler=leadership.on_lease,
+                    keep=identity,
+                ),
+            )
         self.extra: tuple[Informer, ...] = ()
         if budgets is not None:
             self.extra = (

@@ -149,9 +149,11 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if extender.ready():
-            return web.Response(text="ok\n")
-        return web.Response(text="caches not synced\n", status=503)
+        if not extender.ready():
+            return web.Response(text="caches not synced\n", status=503)
+        if (why := extender.starting()) is not None:
+            return web.Response(text=why + "\n", status=503)
+        return web.Response(text="ok\n")
 
     async def metrics_page(request: web.Request) -> web.Response:
         return web.Response(

@@ -12,6 +12,7 @@ from extender.binding import ApiCalls, api_binder, api_reader
 from extender.cache import WATCH_CONNECTIONS, Caches
 from extender.capacity import CapacityAdvertiser, api_patcher
 from extender.collector import freeze_all, run_collector
+from extender.leadership import Leadership
 from extender.preemption import Budgets, Offers, api_recorder
 from extender.requeue import RoomNotifier, api_stamper
 from extender.server import make_app
@@ -40,6 +41,8 @@ class Settings:
     """Bound unlocated pods by the device plugin's distributed policy (headroom.spread)."""
     choose: bool = True
     """Filter answers a GPU pod with the one node it scores best on (Extender._chosen)."""
+    leader_lease: str | None = None
+    """``namespace/name`` of the scheduler's leader-election Lease (extender.leadership)."""
 
 
 async def _collect_after_sync(caches: Caches) -> None:
@@ -55,10 +58,13 @@ async def _collect_after_sync(caches: Caches) -> None:
     await run_collector()
 
 
-async def _requeue_after_sync(caches: Caches, state: ClusterState, notifier: RoomNotifier) -> None:
-    """Once the caches have synced, retry what the extender (or the one before a restart)
-    refused: see extender/requeue.py."""
+async def _requeue_after_sync(
+    caches: Caches, state: ClusterState, notifier: RoomNotifier, leadership: Leadership
+) -> None:
+    """Once the caches have synced and the binds of the extender before a restart can no
+    longer land, retry what it (or this one) refused: see extender/requeue.py."""
     await asyncio.gather(*(informer.synced.wait() for informer in caches.informers))
+    await asyncio.sleep(max(leadership.started + leadership.settle - leadership.clock(), 0.0))
     notifier.start(name for name, node in state.nodes.items() if node.count)
 
 
@@ -100,7 +106,8 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     notifier = RoomNotifier(api_stamper(calls), started=False)
     state.on_room = notifier.room
     budgets = Budgets()
-    caches = Caches(watches, state, advertiser, budgets=budgets.on_event)
+    leadership = Leadership(settings.verify_after_seconds, lease=settings.leader_lease)
+    caches = Caches(watches, state, advertiser, budgets=budgets.on_event, leadership=leadership)
     extender = Extender(
         state,
         api_binder(calls),
@@ -110,6 +117,8 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         budgets=budgets,
         offers=Offers(api_recorder(calls)),
         choose=settings.choose,
+        waiting=leadership.waiting,
+        starting=leadership.starting,
     )
     runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
     await runner.setup()
@@ -120,7 +129,7 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         raise
     caches.start()
     collector = asyncio.create_task(_collect_after_sync(caches))
-    requeue = asyncio.create_task(_requeue_after_sync(caches, state, notifier))
+    requeue = asyncio.create_task(_requeue_after_sync(caches, state, notifier, leadership))
     verifier = asyncio.create_task(_verify(extender, settings.verify_after_seconds))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -94,8 +94,14 @@ class Extender:
         budgets: Mapping[str, Budget] | None = None,
         offers: Offers | None = None,
         choose: bool = False,
+        waiting: Callable[[], str | None] = lambda: None,
+        starting: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.state = state
+        self.waiting = waiting
+        """Why filter and bind must wait now (extender.leadership.Leadership.waiting)."""
+        self.starting = starting
+        """Why, just started, it is not ready yet (Leadership.starting): /readyz says so."""
         self.choose = choose
         """Answer a GPU pod's filter with the one node it scores best on (see :meth:`_chosen`)."""
         self.binder = binder
@@ -126,6 +132,8 @@ class Extender:
             return _result(args, candidates, [], {}, refusal)
         if not self.ready():
             return ExtenderFilterResult(NodeNames=[], Error=NOT_READY)
+        if (wait := self.waiting()) is not None:
+            return ExtenderFilterResult(NodeNames=[], Error=wait)
         if claim.problem:
             unresolvable = dict.fromkeys(candidates.names, claim.problem)
             return _result(args, candidates, [], {}, unresolvable)
@@ -245,6 +253,8 @@ class Extender:
         key = f"{namespace}/{name}"
         if not self.ready():
             return ExtenderBindingResult(Error=NOT_READY)
+        if (wait := self.waiting()) is not None:
+            return ExtenderBindingResult(Error=wait)
         claim = self.state.lookup(uid, namespace, name)
         if claim is None:
             return ExtenderBindingResult(

@@ -140,6 +140,13 @@ def test_realnode_overlay_pins_the_base_to_the_real_node_and_weakens_nothing(
     agent = _pod_spec(real[("DaemonSet", "headroom-agent")])
     args = build_parser().parse_args(agent["containers"][0]["args"])  # real flags only
     assert (args.backend, args.sim_processes, args.interval) == ("simulated", "host", 2.0)
+    # The extender sidecar watches the lease its kube-scheduler elects a leader by.
+    scheduler = _pod_spec(real[("Deployment", "headroom-scheduler")])
+    (sidecar,) = [c for c in scheduler["containers"] if c["name"] == "extender"]
+    config = real[("ConfigMap", "headroom-scheduler-config")]["data"]["scheduler-config.yaml"]
+    election = yaml.safe_load(config)["leaderElection"]
+    lease = f"{election['resourceNamespace']}/{election['resourceName']}"
+    assert build_parser().parse_args(sidecar["args"]).leader_lease == lease
     (volume,) = [v for v in agent["volumes"] if v["name"] == "pod-resources"]
     assert volume["hostPath"]["path"] == "/var/lib/headroom/kubelet/pod-resources"
     # One node: both webhook replicas must fit on it for the PDB to allow a disruption.

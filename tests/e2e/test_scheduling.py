@@ -7,6 +7,8 @@ plugin offers 4 time-slicing replicas, and the T4 (15360Mi) takes 1: 7 in all.
 
 import datetime
 import json
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +72,21 @@ def test_a_burst_of_100_pods_never_over_commits_a_gpu(
     summary = placement(cluster, ns)
     assert summary.startswith("100 pods, Running per node: {"), summary
     assert "no event yet" not in summary, summary
+
+
+def test_the_extender_knows_its_kube_scheduler_holds_the_lease(cluster: Cluster) -> None:
+    # The real headroom-scheduler elects itself leader of headroom-system/headroom-scheduler;
+    # the extender watches that one Lease with the manifests' RBAC (list and watch by
+    # resourceNames, through a metadata.name field selector) and recognises its own
+    # kube-scheduler by the hostname its identity starts with (extender/leadership.py).
+    holder = cluster.kubectl(
+        "get", "lease", "-n", "headroom-system", "headroom-scheduler",
+        "-o", "jsonpath={.spec.holderIdentity}",
+    ).stdout.strip()  # fmt: skip
+    assert holder.startswith(socket.gethostname() + "_"), holder
+    log = Path(cluster.components["extender"].log).read_text(errors="replace")
+    assert f"scheduler lease headroom-system/headroom-scheduler: held by {holder}" in log
+    assert "leases" not in "".join(line for line in log.splitlines() if "403" in line)
 
 
 def test_extender_restarted_mid_burst_loses_and_double_books_nothing(

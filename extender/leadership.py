@@ -1,0 +1,126 @@
+"""When another binder's binds may still land: after a restart and a leader change.
+
+The extender holds a pod it binds until the pod watch shows it bound or an
+authoritative read says where it is (extender.state). Those holds live in one
+process. Two binders can have binds in flight that this process holds nothing for:
+
+* **the extender before a restart**: its binding POSTs may still be stored
+  after the new process has listed the pods;
+* **the previous leader**: ``headroom-scheduler`` runs two replicas with leader
+  election, each with its own extender sidecar. When the lease moves, the old
+  leader's extender may still have POSTs in flight -- kube-scheduler exits on
+  losing the lease, its sidecar does not -- and the new leader's extender has
+  never heard of those pods.
+
+A filter that answers before such a binding shows up on the pod watch counts
+its node short, and can fit another pod into the same memory. So the extender
+refuses filter and bind, with an error kube-scheduler retries after its
+backoff, until binds sent before then can no longer be stored
+(``verify_after``, the bound the holds already rest on) and the watch has had
+time to show them (:data:`WATCH_ALLOWANCE_SECONDS`): after it starts, and --
+with ``--leader-lease`` -- after the lease is first seen held by its own
+kube-scheduler. A filter that comes while the lease, as last seen, is held by
+another (the lease watch lags: only a leader schedules) waits too.
+
+kube-scheduler's leader-election identity is ``<hostname>_<uuid>``
+(cmd/kube-scheduler/app/server.go); a sidecar shares its pod's hostname, so
+the extender knows its own scheduler's leadership by that prefix.
+"""
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WATCH_ALLOWANCE_SECONDS = 5.0
+"""After the last moment a foreign binding POST can be stored, how long the pod watch
+gets to show it. Measured watch lag is well under a second (extender_watch_lag_seconds)."""
+
+
+class Leadership:
+    """Whether this extender's answers can count every bind that may land: :meth:`waiting`."""
+
+    def __init__(
+        self,
+        verify_after: float,
+        *,
+        lease: str | None = None,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``lease``: ``namespace/name`` of the scheduler's leader-election Lease, or None
+        when the scheduler does not elect a leader (only the restart is waited for)."""
+        self.settle = verify_after + WATCH_ALLOWANCE_SECONDS
+        self.lease = lease
+        self.identity = identity if identity is not None else socket.gethostname()
+        self.clock = clock
+        self.started = clock()
+        self.holder: str | None = None
+        self.since: float | None = None
+        """When this extender first saw the current holder hold the lease."""
+
+    def on_lease(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A Lease watch event (only the scheduler's lease is watched)."""
+        spec = obj.get("spec") if kind != "DELETED" else None
+        holder = spec.get("holderIdentity") if isinstance(spec, Mapping) else None
+        holder = holder if isinstance(holder, str) and holder else None
+        if holder != self.holder or self.since is None:
+            if holder != self.holder:
+                log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
+            self.holder, self.since = holder, self.clock()
+
+    def ours(self) -> bool:
+        holder = self.holder
+        return holder is not None and (
+            holder == self.identity or holder.startswith(self.identity + "_")
+        )
+
+    def starting(self) -> str | None:
+        """Why this extender, just started, must wait (also /readyz's answer); None: it
+        need not."""
+        now = self.clock()
+        left = self.started + self.settle - now
+        if left > 0:
+            return (
+                f"headroom extender started {now - self.started:.0f}s ago: binds sent before "
+                f"then may still land; answering in {left:.0f}s; retry"
+            )
+        return None
+
+    def waiting(self) -> str | None:
+        """Why filter and bind must wait now, for kube-scheduler's error; None: they need not."""
+        if (why := self.starting()) is not None:
+            return why
+        now = self.clock()
+        if self.lease is None:
+            return None
+        if self.since is None:
+            return f"headroom extender: scheduler lease {self.lease} not read yet; retry"
+        if not self.ours():
+            return (
+                f"headroom extender: scheduler lease {self.lease} is held by "
+                f"{self.holder or 'nobody'} as last seen, not by this pod's kube-scheduler "
+                f"({self.identity}); waiting for the lease watch; retry"
+            )
+        left = self.since + self.settle - now
+        if left > 0:
+            return (
+                f"headroom extender: this kube-scheduler took the lease {self.lease} "
+                f"{now - self.since:.0f}s ago; the previous leader's binds may still land; "
+                f"answering in {left:.0f}s; retry"
+            )
+        return None
+
+    def path(self) -> str | None:
+        """The Lease's collection URL path with its name, for a watch of that one object."""
+        if self.lease is None:
+            return None
+        namespace, _, _ = self.lease.partition("/")
+        return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+    @property
+    def name(self) -> str:
+        return "" if self.lease is None else self.lease.partition("/")[2]
