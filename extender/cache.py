@@ -65,7 +65,7 @@ class Caches:
                 Resource(rest, "/api/v1/pods", fieldSelector=LIVE_PODS),
                 name="pods",
                 handler=state.on_pod,
-                on_resync=state.on_resync,
+                on_resync=state.on_pod_resync,
                 keep=identity,
             ),
             Informer(

@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 HISTORY_SECONDS = 600.0
 """How long departures are remembered. A pod unlocated for longer is charged on
-every GPU of its node again, as are pods created before the extender started."""
+every GPU of its node again, as are pods created before the pod watch last
+(re-)listed: a pod created and deleted before that list went unseen."""
 PENDING_MEMORY = 10_000
 """Pods remembered from filter requests, for a bind that outruns the pod watch."""
 
@@ -119,7 +120,9 @@ class ClusterState:
         self.spread = spread
         """False: unlocated pods are charged to every GPU (a device plugin whose
         allocation policy is not the NVIDIA plugin's distributed one)."""
-        self.started = clock()
+        self.watching_since = clock()
+        """Since when the pod watch has shown every pod that came and went: the last
+        complete pod list (:meth:`on_pod_resync`)."""
         self.departures: dict[str, deque[tuple[float, int | None]]] = {}
         """Node -> (when, GPU or None) for each shared replica that left it, kept
         :data:`HISTORY_SECONDS`: what bounds where unlocated pods can be (headroom.spread)."""
@@ -200,6 +203,15 @@ class ClusterState:
                 self.observe_watch_lag(self.clock() - bound_at)
             self._pending.pop(claim.uid, None)
             self.forget(claim.uid)
+
+    def on_pod_resync(self) -> None:
+        """After a pod (re-)list: as :meth:`on_resync`, and the departures seen before
+        no longer bound where unlocated pods can be. A re-list follows a gap in the
+        watch; a pod created and deleted in it was never seen, and its departure
+        would be missing from the bound (headroom.spread): pods created before the
+        list are charged on every GPU of their node until located."""
+        self.watching_since = self.clock()
+        self.on_resync()
 
     def on_resync(self) -> None:
         """After a re-list every account is recomputed from the new contents."""
@@ -292,7 +304,7 @@ class ClusterState:
 
     def history(self, name: str) -> History:
         """The node's departures the extender has seen, and since when it has seen all."""
-        since = max(self.started, self.clock() - HISTORY_SECONDS)
+        since = max(self.watching_since, self.clock() - HISTORY_SECONDS)
         left = self.departures.get(name)
         while left and left[0][0] < since:
             left.popleft()

@@ -327,6 +327,26 @@ def test_a_pod_with_two_replicas_fits_only_beside_what_its_replicas_let_come_tog
     assert "2 replicas" in verdict.reason
 
 
+def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
+    # The pod watch breaks and the informer re-lists. A pod created and deleted in
+    # the gap was never seen: it may have held a GPU's count up while others were
+    # allocated, and its departure is missing from the bound. Pods bound before
+    # the re-list are charged on every GPU until located; pods after it are not.
+    state, clock = fresh_state()
+    eight_gpu_node_with(state, 8)
+    assert tightest(state) == 40 * GIB - 8 * GIB - MARGIN  # one per GPU
+    clock.now += 30
+    state.on_pod_resync()
+    assert tightest(state) == 40 * GIB - 8 * 8 * GIB - MARGIN
+    later = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    later.on_node("ADDED", gpu_node("gpu-a", gpus=8))
+    later.on_pod_resync()  # the first list: history starts once it is complete
+    pod = gpu_pod("new", node="gpu-a", declared="8Gi")
+    pod["metadata"]["creationTimestamp"] = "2025-06-01T12:00:31Z"
+    later.on_pod("ADDED", pod)
+    assert tightest(later) == 40 * GIB - 8 * GIB - MARGIN
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
