@@ -18,9 +18,12 @@ refuses filter and bind, with an error kube-scheduler retries after its
 backoff, until binds sent before then can no longer be stored
 (``verify_after``, the bound the holds already rest on) and the watch has had
 time to show them (:data:`WATCH_ALLOWANCE_SECONDS`): after it starts, and --
-with ``--leader-lease`` -- after the lease is first seen held by its own
-kube-scheduler. A filter that comes while the lease, as last seen, is held by
-another (the lease watch lags: only a leader schedules) waits too.
+with ``--leader-lease`` -- after its own kube-scheduler is seen taking the
+lease from another pod's (or the lease watch re-lists: a leader may have come
+and gone unseen). A filter that comes while the lease, as last seen, is held
+by another (the lease watch lags: only a leader schedules) waits too. Its own
+kube-scheduler restarting and taking the lease back costs nothing: every
+container of it bound through this extender, which holds their binds.
 
 kube-scheduler's leader-election identity is ``<hostname>_<uuid>``
 (cmd/kube-scheduler/app/server.go); a sidecar shares its pod's hostname, so
@@ -52,31 +55,48 @@ class Leadership:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``lease``: ``namespace/name`` of the scheduler's leader-election Lease, or None
-        when the scheduler does not elect a leader (only the restart is waited for)."""
+        when the scheduler does not elect a leader (only the restart is waited for).
+        ``identity``: this pod's hostname, which its kube-scheduler's identity starts with."""
         self.settle = verify_after + WATCH_ALLOWANCE_SECONDS
         self.lease = lease
         self.identity = identity if identity is not None else socket.gethostname()
         self.clock = clock
         self.started = clock()
         self.holder: str | None = None
+        """The holder as last seen (None: nobody, or not read yet)."""
+        self.last_holder: str | None = None
+        """The last holder seen that was somebody."""
         self.since: float | None = None
-        """When this extender first saw the current holder hold the lease."""
+        """When this pod's kube-scheduler was seen taking the lease from another (or the
+        lease watch re-listed while it held it); None while another holds it."""
+
+    def mine(self, holder: str | None) -> bool:
+        """Whether ``holder`` is this pod's kube-scheduler, in this or an earlier
+        container: all of them bound through this extender, which holds their binds."""
+        return holder is not None and (
+            holder == self.identity or holder.startswith(self.identity + "_")
+        )
 
     def on_lease(self, kind: str, obj: Mapping[str, Any]) -> None:
         """A Lease watch event (only the scheduler's lease is watched)."""
         spec = obj.get("spec") if kind != "DELETED" else None
         holder = spec.get("holderIdentity") if isinstance(spec, Mapping) else None
         holder = holder if isinstance(holder, str) and holder else None
-        if holder != self.holder or self.since is None:
-            if holder != self.holder:
-                log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
-            self.holder, self.since = holder, self.clock()
+        if holder != self.holder:
+            log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
+        self.holder = holder
+        if holder is None:
+            return  # released: whoever held it last is who may have binds in flight
+        if not self.mine(holder):
+            self.since = None
+        elif not self.mine(self.last_holder):
+            self.since = self.clock()
+        self.last_holder = holder
 
-    def ours(self) -> bool:
-        holder = self.holder
-        return holder is not None and (
-            holder == self.identity or holder.startswith(self.identity + "_")
-        )
+    def on_resync(self) -> None:
+        """The lease watch re-listed: another leader may have come and gone unseen."""
+        if self.mine(self.last_holder):
+            self.since = self.clock()
 
     def starting(self) -> str | None:
         """Why this extender, just started, must wait (also /readyz's answer); None: it
@@ -98,12 +118,10 @@ class Leadership:
         if self.lease is None:
             return None
         if self.since is None:
-            return f"headroom extender: scheduler lease {self.lease} not read yet; retry"
-        if not self.ours():
             return (
-                f"headroom extender: scheduler lease {self.lease} is held by "
-                f"{self.holder or 'nobody'} as last seen, not by this pod's kube-scheduler "
-                f"({self.identity}); waiting for the lease watch; retry"
+                f"headroom extender: scheduler lease {self.lease} was last seen held by "
+                f"{self.last_holder or 'nobody'}, not by this pod's kube-scheduler "
+                f"({self.identity}_...); waiting for the lease watch; retry"
             )
         left = self.since + self.settle - now
         if left > 0:

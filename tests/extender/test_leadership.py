@@ -52,7 +52,9 @@ def test_a_new_leader_waits_out_the_previous_leaders_binds() -> None:
     clock = Clock()
     leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
     clock.now += SETTLE
-    assert leadership.waiting() == f"headroom extender: scheduler lease {LEASE} not read yet; retry"
+    waiting = leadership.waiting()
+    assert waiting is not None
+    assert "last seen held by nobody" in waiting
     # A leads; B is the standby (its kube-scheduler sends nothing, but if it did...).
     leadership.on_lease("ADDED", lease("scheduler-a_0f8e"))
     waiting = leadership.waiting()
@@ -74,29 +76,52 @@ def test_a_new_leader_waits_out_the_previous_leaders_binds() -> None:
     assert leadership.waiting() is None
 
 
-def test_a_scheduler_that_restarts_in_the_same_pod_is_a_new_leader() -> None:
-    # kube-scheduler exits when it loses the lease; its container restarts with a new
-    # identity (same hostname, new UUID) and may win the lease back after another
-    # replica held it for a moment the watch never showed.
+def test_a_lease_released_by_another_waits_when_this_scheduler_takes_it() -> None:
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership.on_lease("ADDED", lease("scheduler-a_0f8e"))
+    clock.now += SETTLE
+    leadership.on_lease("MODIFIED", lease(None))  # A released it on its way out
+    assert "held by scheduler-a_0f8e" in (leadership.waiting() or "")
+    leadership.on_lease("MODIFIED", lease("scheduler-b_7c21"))
+    assert leadership.waiting() is not None
+
+
+def test_this_pods_scheduler_restarting_waits_for_nothing() -> None:
+    # kube-scheduler exits when it loses the lease (or crashes); its container
+    # restarts with a new identity -- same hostname, new UUID -- and takes the lease
+    # back. Every bind of the old one went through this extender, which holds it.
     clock = Clock()
     leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
     leadership.on_lease("ADDED", lease("scheduler-b_7c21"))
     clock.now += SETTLE
     assert leadership.waiting() is None
+    leadership.on_lease("MODIFIED", lease(None))
+    assert leadership.waiting() is None
     leadership.on_lease("MODIFIED", lease("scheduler-b_99d0"))
-    assert leadership.waiting() is not None
+    assert leadership.waiting() is None
 
 
-def test_a_lease_held_by_nobody_or_deleted_is_not_ours() -> None:
+def test_a_lease_re_list_may_have_hidden_another_leader() -> None:
+    # The lease watch broke: another replica may have led, and bound, in the gap.
     clock = Clock()
     leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
     leadership.on_lease("ADDED", lease("scheduler-b_7c21"))
     clock.now += SETTLE
-    leadership.on_lease("MODIFIED", lease(None))
-    assert "held by nobody" in (leadership.waiting() or "")
+    leadership.on_lease("MODIFIED", lease("scheduler-b_99d0"))
+    leadership.on_resync()
+    assert "took the lease" in (leadership.waiting() or "")
+    clock.now += SETTLE
+    assert leadership.waiting() is None
+
+
+def test_a_lease_deleted_or_held_by_a_lookalike_is_not_ours() -> None:
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
     leadership.on_lease("ADDED", lease("scheduler-b_7c21"))
+    clock.now += SETTLE
     leadership.on_lease("DELETED", {"metadata": {"name": "headroom-scheduler"}})
-    assert "held by nobody" in (leadership.waiting() or "")
+    assert leadership.waiting() is None  # nobody took it from this one
     # A hostname that merely starts like ours is not ours.
     leadership.on_lease("ADDED", lease("scheduler-bb_7c21"))
     assert "held by scheduler-bb_7c21" in (leadership.waiting() or "")
