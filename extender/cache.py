@@ -83,7 +83,6 @@ class Caches:
                     Resource(rest, path, fieldSelector=f"metadata.name={leadership.name}"),
                     name="leases",
                     handler=leadership.on_lease,
-                    on_resync=leadership.on_resync,
                     keep=identity,
                 ),
             )

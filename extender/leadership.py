@@ -43,6 +43,10 @@ WATCH_ALLOWANCE_SECONDS = 5.0
 gets to show it. Measured watch lag is well under a second (extender_watch_lag_seconds)."""
 
 
+LEASE_DURATION_SECONDS = 15
+"""kube-scheduler's leaderElection.leaseDuration default; the Lease says its own."""
+
+
 class Leadership:
     """Whether this extender's answers can count every bind that may land: :meth:`waiting`."""
 
@@ -66,9 +70,16 @@ class Leadership:
         """The holder as last seen (None: nobody, or not read yet)."""
         self.last_holder: str | None = None
         """The last holder seen that was somebody."""
+        self.transitions: int | None = None
+        """``spec.leaseTransitions`` as last seen: client-go adds one whenever a
+        candidate that is not the leader acquires the lease, and keeps it on release."""
+        self.duration = float(LEASE_DURATION_SECONDS)
         self.since: float | None = None
-        """When this pod's kube-scheduler was seen taking the lease from another (or the
-        lease watch re-listed while it held it); None while another holds it."""
+        """When this pod's kube-scheduler was seen taking the lease from another (or when
+        a leader may have come and gone unseen); None while another holds it."""
+        self.renewed: float | None = None
+        """When the lease was last seen held by this pod's kube-scheduler."""
+        self._warned = -float("inf")
 
     def mine(self, holder: str | None) -> bool:
         """Whether ``holder`` is this pod's kube-scheduler, in this or an earlier
@@ -80,57 +91,77 @@ class Leadership:
     def on_lease(self, kind: str, obj: Mapping[str, Any]) -> None:
         """A Lease watch event (only the scheduler's lease is watched)."""
         spec = obj.get("spec") if kind != "DELETED" else None
-        holder = spec.get("holderIdentity") if isinstance(spec, Mapping) else None
+        spec = spec if isinstance(spec, Mapping) else {}
+        holder = spec.get("holderIdentity")
         holder = holder if isinstance(holder, str) and holder else None
+        transitions = spec.get("leaseTransitions")
+        transitions = transitions if isinstance(transitions, int) else None
+        duration = spec.get("leaseDurationSeconds")
+        if isinstance(duration, int) and duration > 0:
+            self.duration = float(duration)
         if holder != self.holder:
             log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
         self.holder = holder
-        if holder is None:
-            return  # released: whoever held it last is who may have binds in flight
-        if not self.mine(holder):
+        now = self.clock()
+        if holder is not None and not self.mine(holder):
             self.since = None
-        elif not self.mine(self.last_holder):
-            self.since = self.clock()
-        self.last_holder = holder
+        elif holder is not None:
+            self.renewed = now
+            if not self.mine(self.last_holder) or self._missed(holder, transitions):
+                self.since = now
+        if holder is not None:
+            self.last_holder = holder
+        if transitions is not None or kind == "DELETED":
+            self.transitions = transitions
 
-    def on_resync(self) -> None:
-        """The lease watch re-listed: another leader may have come and gone unseen."""
-        if self.mine(self.last_holder):
-            self.since = self.clock()
+    def _missed(self, holder: str, transitions: int | None) -> bool:
+        """Whether another leader may have held the lease between the last holder seen
+        (this pod's) and ``holder`` (this pod's too): more acquisitions than this
+        one's, or a count that cannot be compared (a lease re-created, or none)."""
+        if transitions is None or self.transitions is None or transitions < self.transitions:
+            return holder != self.last_holder
+        return transitions - self.transitions > (0 if holder == self.last_holder else 1)
 
     def starting(self) -> str | None:
         """Why this extender, just started, must wait (also /readyz's answer); None: it
-        need not."""
-        now = self.clock()
-        left = self.started + self.settle - now
-        if left > 0:
+        need not. Constant text: kube-scheduler writes a pod's condition when it changes."""
+        if self.clock() < self.started + self.settle:
             return (
-                f"headroom extender started {now - self.started:.0f}s ago: binds sent before "
-                f"then may still land; answering in {left:.0f}s; retry"
+                f"headroom extender just started: binds sent before it started may still "
+                f"land; it answers {self.settle:.0f}s after its start; retry"
             )
         return None
 
     def waiting(self) -> str | None:
         """Why filter and bind must wait now, for kube-scheduler's error; None: they need not."""
-        if (why := self.starting()) is not None:
+        if (why := self.starting()) is not None or self.lease is None:
             return why
         now = self.clock()
-        if self.lease is None:
-            return None
         if self.since is None:
-            return (
+            why = (
                 f"headroom extender: scheduler lease {self.lease} was last seen held by "
                 f"{self.last_holder or 'nobody'}, not by this pod's kube-scheduler "
                 f"({self.identity}_...); waiting for the lease watch; retry"
             )
-        left = self.since + self.settle - now
-        if left > 0:
-            return (
-                f"headroom extender: this kube-scheduler took the lease {self.lease} "
-                f"{now - self.since:.0f}s ago; the previous leader's binds may still land; "
-                f"answering in {left:.0f}s; retry"
+        elif self.renewed is None or now - self.renewed > self.duration * 2 / 3:
+            # kube-scheduler renews every 2 s and gives up after 10 s (of 15): a view
+            # this old may hide a new leader (a stuck watch, a frozen pod).
+            why = (
+                f"headroom extender: the lease watch has shown no renewal of {self.lease} by "
+                f"this pod's kube-scheduler for over {self.duration * 2 / 3:.0f}s; retry"
             )
-        return None
+        elif now < self.since + self.settle:
+            return (
+                f"headroom extender: this kube-scheduler took the lease {self.lease} from "
+                f"another; the previous leader's binds may still land; it answers "
+                f"{self.settle:.0f}s after; retry"
+            )
+        else:
+            return None
+        if now - self._warned > 60:
+            self._warned = now
+            log.warning("%s (is --leader-lease the lease this kube-scheduler elects by?)", why)
+        return why
 
     def path(self) -> str | None:
         """The Lease's collection URL path with its name, for a watch of that one object."""

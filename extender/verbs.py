@@ -240,8 +240,9 @@ class Extender:
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         """kube-scheduler's candidate nodes, kept only where victims free a GPU (raises
         PreemptionError for a request it cannot use)."""
-        if not self.ready():
-            # Blind caches could name too few victims; no node is safer than a wrong one.
+        if not self.ready() or self.waiting() is not None:
+            # Blind caches, or binds not seen yet, could name too few victims; no node
+            # is safer than a wrong one.
             return ExtenderPreemptionResult()
         self.state.prepare(self.state.clock())
         return preempt(args, self.state, self.budgets, self.offers)
@@ -290,6 +291,8 @@ class Extender:
                 )
             if (answer := self._bound(claim, node)) is not None:
                 return answer  # the watch showed it bound while the read was out
+            if (wait := self.waiting()) is not None:
+                return ExtenderBindingResult(Error=wait)  # the lease moved while it was out
             verdict = self.state.assume(claim, node, also=True)
         if not verdict.fits:
             log.info("bind of %s to %s refused: %s", key, node, verdict.reason)
