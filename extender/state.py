@@ -39,6 +39,7 @@ from headroom.accounting import (
     History,
     NodeAccount,
     account_node,
+    homes,
     measured,
 )
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
@@ -492,14 +493,12 @@ class ClusterState:
         where: int | None = None
         report = self.reports.get(claim.node)
         if located and claim.shared == 1 and report is not None:
-            held = [
-                g.index for g in report.gpus for u in g.pods if u.uid == claim.uid and u.used_bytes
-            ]
+            home = homes(report).get(claim.uid)  # where the accounting placed it
             node = self.nodes.get(claim.node)
             # Only on a GPU the node has: one a report places beyond them (a bug, a
             # forgery: the accounting drops such GPUs) would be counted nowhere.
-            if len(held) == 1 and node is not None and held[0] < node.count:
-                where = held[0]
+            if home is not None and node is not None and home < node.count:
+                where = home
         left = self.departures.setdefault(claim.node, deque())
         now = self.clock()
         left.extend([(now, where)] * claim.shared)

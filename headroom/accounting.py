@@ -305,22 +305,16 @@ def _measured(
     indices = sorted(set(range(node.count)) | reported.keys())
     known = {c.uid: c for c in claims}
     seen: dict[str, dict[int, int]] = {}
-    allocated: dict[str, set[int]] = {}
     for gpu in report.gpus:
         for usage in gpu.pods:
             where = seen.setdefault(usage.uid, {})
             where[gpu.index] = where.get(gpu.index, 0) + usage.used_bytes
-            if usage.allocated:
-                allocated.setdefault(usage.uid, set()).add(gpu.index)
-    # Located: holding memory, or given exactly one GPU by kubelet (PodResources)
-    # before it holds any -- one replica is one GPU.
-    located = {
-        uid
-        for uid, where in seen.items()
-        if uid in known
-        and known[uid].shared == 1
-        and (any(where.values()) or len(allocated.get(uid, ())) == 1)
+    home = {
+        uid: index
+        for uid, index in homes(report).items()
+        if uid in known and known[uid].shared == 1
     }
+    located = set(home)
     shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
 
     def total(index: int) -> int:
@@ -328,10 +322,8 @@ def _measured(
         return usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
 
     located_on: dict[int, list[str]] = {}
-    for uid in located:
-        for index, used in seen[uid].items():
-            if used or index in allocated.get(uid, ()):
-                located_on.setdefault(index, []).append(uid)
+    for uid, index in home.items():
+        located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
     limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed)
     growth: dict[int, list[Variant]] = {}
@@ -341,23 +333,30 @@ def _measured(
         where = seen.get(claim.uid, {})
         if claim.uid in located:
             for index, used in where.items():
-                charge = max(_need(claim, node, total(index)), used)
-                charges.setdefault(index, []).append(_charge(claim, used, charge, True))
-                if used or index in allocated.get(claim.uid, ()):
+                if index == home[claim.uid]:
+                    charge = max(_need(claim, node, total(index)), used)
                     leavers.setdefault(index, []).append(charge)
+                else:  # memory it holds on a GPU kubelet did not give it: what it holds
+                    charge = used
+                charges.setdefault(index, []).append(_charge(claim, used, charge, True))
         elif not claim.shared:
             # A MIG or whole-GPU pod seen on the GPU's own memory: charge what it holds.
             for index, used in where.items():
                 charges.setdefault(index, []).append(_charge(claim, used, used, True))
     for index in shared_indices:
-        lines = []
+        lines, held = [], []
         for claim in unlocated:
             used = seen.get(claim.uid, {}).get(index, 0)
+            if claim.shared == 1 and used:
+                # Not located, yet holding memory here (on no GPU kubelet listed for
+                # it): the memory counts here whatever the bound says about the pod.
+                held.append(_charge(claim, used, used, True))
+                used = 0
             charge = max(_need(claim, node, total(index)), used)
             observed = used if index in seen.get(claim.uid, {}) else None
             lines.append(_charge(claim, observed, charge, False))
         capped, growth[index] = _cap(lines, unlocated, limits, index, leavers.get(index, ()))
-        charges[index].extend(capped)
+        charges[index].extend(capped + held)
     for gpu in report.gpus:
         for usage in gpu.pods:
             if usage.uid not in known:
@@ -376,6 +375,28 @@ def _measured(
         )
         for index in sorted(charges)
     ]
+
+
+def homes(report: ReportStatus) -> dict[str, int]:
+    """Pod UID -> the one GPU the report places it on, for pods it places.
+
+    Where the report lists kubelet's allocations (the agent reads PodResources), a
+    pod is placed by its allocation alone, and only if that is one GPU: memory it
+    holds elsewhere (a pod reaching other GPUs through ``NVIDIA_VISIBLE_DEVICES``)
+    says nothing about where the device plugin counted its replica. A report that
+    lists no allocation at all (an agent without PodResources, or older than
+    ``allocated``) places a pod where it holds memory, if on one GPU only.
+    """
+    allocated: dict[str, set[int]] = {}
+    held: dict[str, set[int]] = {}
+    for gpu in report.gpus:
+        for usage in gpu.pods:
+            if usage.allocated:
+                allocated.setdefault(usage.uid, set()).add(gpu.index)
+            if usage.used_bytes:
+                held.setdefault(usage.uid, set()).add(gpu.index)
+    evidence = allocated or held
+    return {uid: min(where) for uid, where in evidence.items() if len(where) == 1}
 
 
 def _readable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:

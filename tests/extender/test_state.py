@@ -347,6 +347,37 @@ def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     assert tightest(later) == 40 * GIB - 8 * GIB - MARGIN
 
 
+def test_a_pod_is_located_where_kubelet_allocated_it_not_where_it_holds_memory() -> None:
+    # P was given GPU 0, but reaches GPU 1 too (NVIDIA_VISIBLE_DEVICES) and holds
+    # memory only there. a and b, 7.5 GiB each, arrive before the report shows
+    # them: kubelet, counting P on GPU 0, gives both GPU 1. Then P leaves. Were P
+    # placed by its memory, GPU 1 would look as if it had lost a pod: charged 8 GiB
+    # while 15 GiB are there, with room for another 7.5 GiB pod.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, memory_mib=16384))
+    p = gpu_pod("p", node="gpu-a", declared="2Gi", phase="Running")
+    state.on_pod("ADDED", p)
+    report = gpu_report("gpu-a", {0: {}, 1: {uid_of(p): GIB // 2}}, total_mib=16384)
+    report["status"]["gpus"][0]["pods"] = [{"uid": uid_of(p), "usedBytes": 0, "allocated": True}]
+    state.on_report("ADDED", report)
+    for name in "ab":
+        clock.now += 1
+        pod = gpu_pod(name, declared="7680Mi")
+        pod["metadata"]["creationTimestamp"] = "2025-06-01T12:00:0{}Z".format(int(clock.now) % 10)
+        state.on_pod("ADDED", pod)
+        claim = state.lookup(uid_of(pod), "research", name)
+        assert claim is not None
+        assert state.assume(claim, "gpu-a").fits
+        state.on_pod("MODIFIED", {**pod, "spec": {**pod["spec"], "nodeName": "gpu-a"}})
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[1].accounted >= 15 * GIB + GIB // 2  # a, b and P's stray memory
+    state.on_pod("DELETED", p)
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[1].accounted >= 15 * GIB
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
