@@ -117,7 +117,7 @@ def render(accounts: Iterable[NodeAccount], *, show_all: bool = False) -> str:
             notes.append(f"{account.node}: {account.note}")
         for gpu in account.gpus:
             # A pod the device plugin cannot have put here with the ones charged is not listed.
-            pods = pods_cell(sorted(pod_label(p) for p in gpu.pods if not p.spread))
+            pods = pods_cell(sorted(pod_label(p) for p in gpu.pods if p.charged or not p.spread))
             rows.append(
                 (
                     account.node,

@@ -278,7 +278,7 @@ class ClusterState:
         if account is None:
             return Fit(False, UNKNOWN_NODE)
         verdict = fit(account, claim)
-        if not verdict.fits or claim.shared <= 1 or len(account.gpus) < 2:
+        if not verdict.fits or claim.shared <= 1 or not account.capped:
             return verdict
         node = self.nodes[name]
         others = (c for c in self.claims_on(name) if c.uid not in (claim.uid, without))

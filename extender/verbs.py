@@ -29,7 +29,7 @@ from extender.wire import (
 from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import Budget
 from headroom.names import HEADROOM_SCHEDULER
-from headroom.placement import Fit, score
+from headroom.placement import Fit, fit, score
 from headroom.podspec import PodError
 
 log = logging.getLogger(__name__)
@@ -149,11 +149,14 @@ class Extender:
         else:
             passed, failed = [], {}
             for name in candidates.names:
-                verdict = state.fit(claim, name) if name in accounts else Fit(False, UNKNOWN_NODE)
+                account = accounts.get(name)
+                verdict = Fit(False, UNKNOWN_NODE) if account is None else fit(account, claim)
                 if verdict.fits:
                     passed.append(name)
                 else:
                     failed[name] = verdict.reason
+            if claim.shared > 1:
+                passed = self._with_replicas(args, claim, passed, failed)
         if claim.uid in self.state.assumed:
             # Copies: the verdict cache may hand out its own lists.
             passed, failed = list(passed), dict(failed)
@@ -168,6 +171,37 @@ class Extender:
             # flight), never on a timer. A pod held elsewhere keeps those holds.
             self.state.assume(claim, chosen)
         return _result(args, candidates, passed, failed, {})
+
+    def _with_replicas(
+        self, args: ExtenderArgs, claim: PodClaim, passed: list[str], failed: dict[str, str]
+    ) -> list[str]:
+        """Of ``passed``, the nodes a pod of several replicas fits in the account worked
+        out with it (:meth:`ClusterState.fit`), the others into ``failed``.
+
+        That is a whole account per node (0.4 ms on an 8-GPU node with two dozen
+        pods). Where one node is to be chosen (:meth:`_chosen`), only as many are
+        worked out as it takes, best score first.
+        """
+        state = self.state
+        if self.choose and not _prefers(args.Pod) and claim.uid not in state.assumed:
+            accounts = state.accounts()
+            order = sorted(
+                range(len(passed)), key=lambda i: (-score(accounts[passed[i]], claim), i)
+            )
+            for i in order:
+                verdict = state.fit(claim, passed[i])
+                if verdict.fits:
+                    return [passed[i]]
+                failed[passed[i]] = verdict.reason
+            return []
+        kept = []
+        for name in passed:
+            verdict = state.fit(claim, name)
+            if verdict.fits:
+                kept.append(name)
+            else:
+                failed[name] = verdict.reason
+        return kept
 
     def _chosen(self, claim: PodClaim, passed: list[str]) -> str:
         """The node of ``passed`` the prioritize verb would score highest, exactly.

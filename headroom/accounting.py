@@ -97,8 +97,9 @@ class PodCharge:
     known: bool = True
     """False for a pod the report shows that the extender's pod cache does not hold."""
     spread: bool = False
-    """True when not charged here: the device plugin's spreading cannot have put it
-    here together with the larger unlocated pods charged here (headroom.spread)."""
+    """True when charged here less than it declared, or nothing: the device plugin's
+    spreading cannot have put it here together with all the larger unlocated pods
+    charged here (headroom.spread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,12 @@ class NodeAccount:
         than one replica) must fit."""
         shared = [gpu.headroom for gpu in self.gpus if gpu.shared]
         return min(shared, default=NO_GPU_HEADROOM)
+
+    @cached_property
+    def capped(self) -> bool:
+        """Whether the spread bound charges some unlocated pod less than in full here:
+        only then can more replicas on the node raise what a GPU is charged."""
+        return any(p.spread for gpu in self.gpus for p in gpu.pods)
 
     @cached_property
     def shared_total(self) -> int:
@@ -500,7 +507,7 @@ def _declared_only(
             for uid, (key, held) in strangers.get(index, {}).items()
         ]
         spare = unattributed.get(index, 0)
-        declared = sum(p.declared or 0 for p in pods if not p.spread)
+        declared = _declared(pods)
         accounted = sum(p.charged for p in pods) + spare
         gpus.append(
             GPUAccount(
@@ -539,7 +546,7 @@ def _gpu(
         index=index,
         product=product,
         total=total,
-        declared=sum(p.declared or 0 for p in pods if not p.spread),
+        declared=_declared(pods),
         observed=sum(p.observed or 0 for p in pods),
         unattributed=unattributed,
         accounted=accounted,
@@ -656,7 +663,7 @@ def _cap(
     capped = [
         line
         if replicas.get(line.uid, 1) != 1 or charged[line.uid] == line.charged
-        else replace(line, charged=charged[line.uid], spread=not charged[line.uid])
+        else replace(line, charged=charged[line.uid], spread=True)
         for line in lines
     ]
     variants: list[Variant] = []
@@ -682,6 +689,12 @@ def _room_one(headroom: int, growth: tuple[int, int] | None) -> int:
     if headroom - overflow < 0:
         return headroom - overflow  # the node is over already, with one more here
     return headroom - beside
+
+
+def _declared(pods: Iterable[PodCharge]) -> int:
+    """What the pods charged here declared: a line the spread bound charges in part
+    or not at all counts as much as it is charged."""
+    return sum(min(p.declared or 0, p.charged) if p.spread else (p.declared or 0) for p in pods)
 
 
 def _need(claim: PodClaim, node: NodeGPUs, gpu_total: int) -> int:

@@ -4,8 +4,9 @@ import random
 from datetime import timedelta
 
 from extender.state import ClusterState
-from tests.extender.conftest import MARGIN, Clock
+from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.test_server import post
 
 
 def fresh_state() -> tuple[ClusterState, Clock]:
@@ -363,7 +364,7 @@ def test_a_pod_is_located_where_kubelet_allocated_it_not_where_it_holds_memory()
     for name in "ab":
         clock.now += 1
         pod = gpu_pod(name, declared="7680Mi")
-        pod["metadata"]["creationTimestamp"] = "2025-06-01T12:00:0{}Z".format(int(clock.now) % 10)
+        pod["metadata"]["creationTimestamp"] = f"2025-06-01T12:00:0{int(clock.now) % 10}Z"
         state.on_pod("ADDED", pod)
         claim = state.lookup(uid_of(pod), "research", name)
         assert claim is not None
@@ -467,3 +468,23 @@ def test_a_status_only_update_changes_no_hold() -> None:
     state.hold(claim, "gpu-b")
     assert uid_of(bound) not in state.assumed
     assert list(state.claims_on("gpu-b")) == []
+
+
+async def test_filter_refuses_a_two_replica_pod_where_its_replicas_would_crowd_a_gpu(
+    harness: Harness,
+) -> None:
+    # As above, through the filter verb: gpu-a refused with the reason, gpu-b (empty)
+    # passes; choosing one node, the extender works out only as many accounts as it
+    # takes, best score first, and still never picks gpu-a.
+    state = harness.state
+    for name in ("gpu-a", "gpu-b"):
+        state.on_node("ADDED", gpu_node(name, gpus=3, memory_mib=16384))
+    for name, declared in (("a", "10Gi"), ("b", "6Gi")):
+        state.on_pod("ADDED", gpu_pod(name, node="gpu-a", declared=declared))
+    args = {"Pod": gpu_pod("m", declared="5Gi", shared=2), "NodeNames": ["gpu-a", "gpu-b"]}
+    _, result = await post(harness, "filter", args)
+    assert result["NodeNames"] == ["gpu-b"]
+    assert "2 replicas of 5.0 GiB" in result["FailedNodes"]["gpu-a"]
+    harness.extender.choose = True
+    _, result = await post(harness, "filter", args)
+    assert result["NodeNames"] == ["gpu-b"]
