@@ -227,14 +227,31 @@ def _victims(
     if more is None:
         return []
     victims = given + [pod.uid for pod in more.pods if pod.uid not in gone]
-    # The filter's rule, on the figures with every victim's charge freed: each
-    # shared GPU (the tightest decides) must fit the preemptor's declaration.
+    # The filter's own rule on the account worked out without the victims, their
+    # departures recorded: summing the charges they free overstates it where one
+    # is not located yet, since the spread bound then charges the others more (a
+    # GPU's pods capped to 0 move up). Until it fits, the lowest of the rest go too
+    # (PodDisruptionBudgets last), or the node is dropped: never evict for nothing.
     chosen = set(victims)
+    if state.fit(preemptor, node, gone=chosen).fits:
+        return victims
+    rest: dict[str, tuple[bool, int, int, str]] = {}
     for gpu in account.gpus:
-        freed = sum(c.charged for c in gpu.pods if c.uid in chosen)
-        if gpu.shared and gpu.headroom + freed < preemptor.need:
-            return []
-    return victims
+        for c in gpu.pods:
+            claim = state.pods.get(c.uid)
+            if c.uid in chosen or claim is None or claim.node != node:
+                continue
+            if claim.priority >= preemptor.priority:
+                continue
+            shield = protected(_evictee(state, c.uid), pdbs)
+            _, _, memory, _ = rest.get(c.uid, (shield, claim.priority, 0, c.uid))
+            rest[c.uid] = (shield, claim.priority, min(memory, -c.charged), c.uid)
+    for _, _, _, uid in sorted(rest.values()):
+        victims.append(uid)
+        chosen.add(uid)
+        if state.fit(preemptor, node, gone=chosen).fits:
+            return victims
+    return []
 
 
 def _explain(preemptor: PodClaim, node: str, victims: list[str], state: ClusterState) -> str:

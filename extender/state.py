@@ -27,7 +27,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -265,32 +265,73 @@ class ClusterState:
             history=self.history(name) if self.spread else None,
         )
 
-    def fit(self, claim: PodClaim, name: str, *, without: str | None = None) -> Fit:
+    def account_after(self, name: str, gone: Collection[str]) -> NodeAccount | None:
+        """The node's account as if the pods ``gone`` had left it, each departure
+        recorded as the watch would record it (not cached): what preemption frees."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        return account_node(
+            node,
+            (c for c in self.claims_on(name) if c.uid not in gone),
+            _without(self.reports.get(name), gone),
+            now=self.clock(),
+            margin=self.margin,
+            stale_after=self.stale_after,
+            last_good=_without(self.last_good.get(name), gone),
+            history=self._history_after(name, gone),
+        )
+
+    def _history_after(self, name: str, gone: Collection[str]) -> History | None:
+        if not self.spread:
+            return None
+        history = self.history(name)
+        now, left = self.clock(), []
+        for uid in gone:
+            claim = self.pods.get(uid)
+            if claim is not None and claim.node == name and claim.shared:
+                left.extend([(now, self._departure_gpu(claim))] * claim.shared)
+        return History(history.since, history.departures + tuple(left))
+
+    def fit(
+        self,
+        claim: PodClaim,
+        name: str,
+        *,
+        without: str | None = None,
+        gone: Collection[str] = (),
+    ) -> Fit:
         """Whether ``claim`` fits node ``name`` now (:func:`headroom.placement.fit`),
-        as if pod ``without`` were not there.
+        as if pod ``without`` were not there, and the pods ``gone`` had left.
 
         A pod of more than one replica is charged in full on every GPU, but its
         replicas also let more of the unlocated single-replica pods already there
         come together on one GPU (headroom.spread): it fits only if every GPU has
         room in the account worked out with it.
         """
-        account = self.account(name) if without is None else self.account_without(name, without)
+        if gone:
+            account = self.account_after(name, gone)
+        elif without is not None:
+            account = self.account_without(name, without)
+        else:
+            account = self.account(name)
         if account is None:
             return Fit(False, UNKNOWN_NODE)
         verdict = fit(account, claim)
         if not verdict.fits or claim.shared <= 1 or not account.capped:
             return verdict
         node = self.nodes[name]
-        others = (c for c in self.claims_on(name) if c.uid not in (claim.uid, without))
+        left = {claim.uid, without, *gone}
+        others = (c for c in self.claims_on(name) if c.uid not in left)
         trial = account_node(
             node,
             [*others, replace(claim, node=name)],
-            self.reports.get(name),
+            _without(self.reports.get(name), gone),
             now=self.clock(),
             margin=self.margin,
             stale_after=self.stale_after,
-            last_good=self.last_good.get(name),
-            history=self.history(name) if self.spread else None,
+            last_good=_without(self.last_good.get(name), gone),
+            history=self._history_after(name, gone),
         )
         shared = [gpu for gpu in trial.gpus if gpu.shared]
         fullest = min(shared, key=lambda gpu: gpu.headroom, default=None)
@@ -490,18 +531,24 @@ class ClusterState:
 
     def _departed(self, claim: PodClaim, *, located: bool = True) -> None:
         """Remember where a shared pod left from: its GPU if the report located it."""
-        where: int | None = None
-        report = self.reports.get(claim.node)
-        if located and claim.shared == 1 and report is not None:
-            home = homes(report).get(claim.uid)  # where the accounting placed it
-            node = self.nodes.get(claim.node)
-            # Only on a GPU the node has: one a report places beyond them (a bug, a
-            # forgery: the accounting drops such GPUs) would be counted nowhere.
-            if home is not None and node is not None and home < node.count:
-                where = home
+        where = self._departure_gpu(claim) if located else None
         left = self.departures.setdefault(claim.node, deque())
         now = self.clock()
         left.extend([(now, where)] * claim.shared)
+
+    def _departure_gpu(self, claim: PodClaim) -> int | None:
+        """The GPU a shared pod leaving its node leaves: where the report placed it, or
+        None (any GPU)."""
+        report = self.reports.get(claim.node)
+        if claim.shared != 1 or report is None:
+            return None
+        home = homes(report).get(claim.uid)  # where the accounting placed it
+        node = self.nodes.get(claim.node)
+        # Only on a GPU the node has: one a report places beyond them (a bug, a
+        # forgery: the accounting drops such GPUs) would be counted nowhere.
+        if home is not None and node is not None and home < node.count:
+            return home
+        return None
 
     def _heartbeat(self, name: str, old: ReportStatus, new: ReportStatus) -> bool:
         """Keep the account when ``new`` repeats ``old``'s figures, only later: True if kept.
@@ -579,3 +626,11 @@ def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> Report
     known = read | {g.index for g in kept}
     carried = [g for g in report.gpus if g.index not in known]
     return replace(report, gpus=[g for g in report.gpus if not g.error] + kept + carried)
+
+
+def _without(report: ReportStatus | None, gone: Collection[str]) -> ReportStatus | None:
+    """``report`` without the memory of the pods ``gone`` hold: evicted, they free it."""
+    if report is None or not gone:
+        return report
+    gpus = [replace(gpu, pods=[u for u in gpu.pods if u.uid not in gone]) for gpu in report.gpus]
+    return replace(report, gpus=gpus)

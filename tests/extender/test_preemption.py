@@ -15,8 +15,9 @@ from extender.wire import (
     ExtenderPreemptionResult,
     parse,
 )
-from headroom.claims import PodClaim
+from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import parse_budget
+from headroom.placement import fit
 from tests.extender.conftest import Harness
 from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
 from tests.extender.test_server import post
@@ -278,3 +279,38 @@ async def test_a_pod_only_held_on_the_node_takes_room_but_is_never_a_victim(
     assert status == 200, result
     chosen = [p["UID"] for p in result["NodeNameToMetaVictims"]["gpu-a"]["Pods"]]
     assert chosen == [uid_of(a), uid_of(b)]
+
+
+async def test_victims_not_yet_located_free_what_the_bound_then_charges(
+    budgets_harness: Harness,
+) -> None:
+    # Two 16 GiB GPUs: l (6 GiB) located on GPU 1; u0 (6), u1 (2), u2 (6) bound and
+    # not located, so the bound charges GPU 0 u0 and u2, GPU 1 u0 beside l. Taking
+    # u0 alone frees 6 GiB on each GPU by the charges, but then u2 may be beside l:
+    # an 8 GiB preemptor still fits neither GPU. Evicting for nothing is refused;
+    # the victims named must make room in the account worked out without them.
+    h = budgets_harness
+    h.state.on_node("ADDED", gpu_node("gpu-a", gpus=2, memory_mib=16384))
+    located = resident("l", "gpu-a", "6Gi")
+    h.state.on_pod("ADDED", located)
+    h.state.on_report(
+        "ADDED", gpu_report("gpu-a", {0: {}, 1: {uid_of(located): GIB // 4}}, total_mib=16384)
+    )
+    waiting = [
+        resident(name, "gpu-a", size)
+        for name, size in (("u0", "6Gi"), ("u1", "2Gi"), ("u2", "6Gi"))
+    ]
+    for pod in waiting:
+        h.state.on_pod("ADDED", pod)
+    urgent = preemptor("8Gi")
+    status, result = await post(h, "preempt", ask(urgent, {"gpu-a": [uid_of(waiting[0])]}))
+    assert status == 200, result
+    victims = [p["UID"] for p in result["NodeNameToMetaVictims"]["gpu-a"]["Pods"]]
+    assert victims[0] == uid_of(waiting[0])
+    assert len(victims) > 1
+    for pod in (located, *waiting):
+        if uid_of(pod) in victims:
+            h.state.on_pod("DELETED", pod)
+    account = h.state.account("gpu-a")
+    assert account is not None
+    assert fit(account, parse_claim(urgent)).fits
