@@ -173,9 +173,26 @@ class ClusterState:
                     self.on_room(name)
         self._touch(name)
 
+    def parse(self, obj: Mapping[str, Any]) -> PodClaim:
+        """:func:`parse_claim` with the watch's claim of the pod; raises PodError.
+
+        A pod seen for the first time (by the watch or a filter) was created no
+        later than now by this extender's clock: its creation time is taken no
+        later than that, and kept so. An apiserver clock ahead of this one would
+        otherwise start the window of departures that bound where unlocated pods
+        can be (headroom.spread) after some that counted.
+        """
+        claim = parse_claim(obj, self.known(obj))
+        if claim.created is None:
+            return claim
+        seen = self.pods.get(claim.uid) or self._pending.get(claim.uid)
+        first = seen.created if seen is not None else None
+        limit = self.clock() if first is None else first
+        return replace(claim, created=limit) if claim.created > limit else claim
+
     def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
         try:
-            claim = parse_claim(obj, self.known(obj))
+            claim = self.parse(obj)
         except PodError as err:
             log.warning("pod %s ignored: %s", _pod_key(obj), err)
             return

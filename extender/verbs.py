@@ -26,7 +26,7 @@ from extender.wire import (
     host_priority_item,
     json_array,
 )
-from headroom.claims import PodClaim, parse_claim
+from headroom.claims import PodClaim
 from headroom.disruption import Budget
 from headroom.names import HEADROOM_SCHEDULER
 from headroom.placement import Fit, fit, score
@@ -468,7 +468,7 @@ def _claim(args: ExtenderArgs, state: ClusterState) -> PodClaim:
     if args.Pod is None:
         raise CandidateError("Pod: missing (null)")
     try:
-        return parse_claim(args.Pod, state.known(args.Pod))
+        return state.parse(args.Pod)
     except PodError as err:
         raise CandidateError(f"Pod.{err}") from err
 

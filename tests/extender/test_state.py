@@ -379,6 +379,31 @@ def test_a_pod_is_located_where_kubelet_allocated_it_not_where_it_holds_memory()
     assert account.gpus[1].accounted >= 15 * GIB
 
 
+def test_an_apiserver_clock_ahead_of_the_extenders_hides_no_departure() -> None:
+    # GPU 1 held three located pods; a, b and c (13 GiB each) were bound, and kubelet
+    # gave all three GPU 0 (the fewest); then the three on GPU 1 left. The apiserver's
+    # clock is a minute ahead of the extender's: the newcomers' creationTimestamps
+    # come after those departures by the extender's clock, and counted from them the
+    # bound would forget the departures: 26 GiB charged on GPU 0 where 39 GiB are.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    old = [gpu_pod(f"o{i}", node="gpu-a", declared="1Gi", phase="Running") for i in range(3)]
+    for pod in old:
+        state.on_pod("ADDED", pod)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {uid_of(p): GIB // 4 for p in old}}))
+    clock.now += 5
+    for name in "abc":
+        pod = gpu_pod(name, node="gpu-a", declared="13Gi")
+        pod["metadata"]["creationTimestamp"] = "2025-06-01T12:01:05Z"  # 60 s ahead
+        state.on_pod("ADDED", pod)
+    clock.now += 1
+    for pod in old:
+        state.on_pod("DELETED", pod)
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].accounted >= 39 * GIB
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
