@@ -61,10 +61,16 @@ async def _collect_after_sync(caches: Caches) -> None:
 async def _requeue_after_sync(
     caches: Caches, state: ClusterState, notifier: RoomNotifier, leadership: Leadership
 ) -> None:
-    """Once the caches have synced and the binds of the extender before a restart can no
-    longer land, retry what it (or this one) refused: see extender/requeue.py."""
+    """Once the caches have synced and filter answers (extender.leadership: binds sent
+    before this extender started, or by a previous leader, can no longer land), retry
+    what it (or the one before a restart) refused: see extender/requeue.py. A retry
+    while it still waits would only be refused again, and kube-scheduler's backoff
+    would grow; a standby replica's extender starts when its scheduler leads."""
     await asyncio.gather(*(informer.synced.wait() for informer in caches.informers))
-    await asyncio.sleep(max(leadership.started + leadership.settle - leadership.clock(), 0.0))
+    while True:
+        if leadership.waiting() is None:
+            break
+        await asyncio.sleep(0.5)  # time alone ends most waits, the lease watch the rest
     notifier.start(name for name, node in state.nodes.items() if node.count)
 
 
