@@ -27,7 +27,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -246,19 +246,9 @@ class ClusterState:
         account = self._accounts.get(name)
         if account is not None:
             return account
-        node = self.nodes.get(name)
-        if node is None:
+        account = self._work_out(name, now=now)
+        if account is None:
             return None
-        account = account_node(
-            node,
-            self.claims_on(name),
-            self.reports.get(name),
-            now=self.clock() if now is None else now,
-            margin=self.margin,
-            stale_after=self.stale_after,
-            last_good=self.last_good.get(name),
-            history=self.history(name) if self.spread else None,
-        )
         self._accounts[name] = account
         self.shared_headroom[name] = account.shared_headroom
         self.shared_room[name] = (account.shared_headroom, account.shared_total)
@@ -268,31 +258,38 @@ class ClusterState:
 
     def account_without(self, name: str, uid: str) -> NodeAccount | None:
         """The node's account as if pod ``uid`` were not on it (not cached)."""
-        node = self.nodes.get(name)
-        if node is None:
-            return None
-        return account_node(
-            node,
-            (c for c in self.claims_on(name) if c.uid != uid),
-            self.reports.get(name),
-            now=self.clock(),
-            margin=self.margin,
-            stale_after=self.stale_after,
-            last_good=self.last_good.get(name),
-            history=self.history(name) if self.spread else None,
-        )
+        return self._work_out(name, skip={uid})
 
     def account_after(self, name: str, gone: Collection[str]) -> NodeAccount | None:
         """The node's account as if the pods ``gone`` had left it, each departure
         recorded as the watch would record it (not cached): what preemption frees."""
+        return self._work_out(name, skip=set(gone), gone=gone)
+
+    def _work_out(
+        self,
+        name: str,
+        *,
+        skip: Collection[str] = (),
+        gone: Collection[str] = (),
+        more: PodClaim | None = None,
+        now: float | None = None,
+    ) -> NodeAccount | None:
+        """The node's account from the cache, leaving out the pods ``skip``, with the
+        pods ``gone`` departed (their memory gone from the reports too) and ``more``
+        added; None for a node the cache does not hold."""
         node = self.nodes.get(name)
         if node is None:
             return None
+        claims: Iterable[PodClaim] = self.claims_on(name)
+        if skip:
+            claims = (c for c in claims if c.uid not in skip)
+        if more is not None:
+            claims = [*claims, more]
         return account_node(
             node,
-            (c for c in self.claims_on(name) if c.uid not in gone),
+            claims,
             _without(self.reports.get(name), gone),
-            now=self.clock(),
+            now=self.clock() if now is None else now,
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=_without(self.last_good.get(name), gone),
@@ -303,6 +300,8 @@ class ClusterState:
         if not self.spread:
             return None
         history = self.history(name)
+        if not gone:
+            return history
         now, left = self.clock(), []
         for uid in gone:
             claim = self.pods.get(uid)
@@ -337,19 +336,10 @@ class ClusterState:
         verdict = fit(account, claim)
         if not verdict.fits or claim.shared <= 1 or not account.capped:
             return verdict
-        node = self.nodes[name]
-        left = {claim.uid, without, *gone}
-        others = (c for c in self.claims_on(name) if c.uid not in left)
-        trial = account_node(
-            node,
-            [*others, replace(claim, node=name)],
-            _without(self.reports.get(name), gone),
-            now=self.clock(),
-            margin=self.margin,
-            stale_after=self.stale_after,
-            last_good=_without(self.last_good.get(name), gone),
-            history=self._history_after(name, gone),
-        )
+        skip = {claim.uid, *gone} | ({without} if without is not None else set())
+        trial = self._work_out(name, skip=skip, gone=gone, more=replace(claim, node=name))
+        if trial is None:
+            return Fit(False, UNKNOWN_NODE)
         shared = [gpu for gpu in trial.gpus if gpu.shared]
         fullest = min(shared, key=lambda gpu: gpu.headroom, default=None)
         if fullest is None or fullest.headroom >= 0:
