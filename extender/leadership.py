@@ -19,8 +19,9 @@ backoff, until binds sent before then can no longer be stored
 (``verify_after``, the bound the holds already rest on) and the watch has had
 time to show them (:data:`WATCH_ALLOWANCE_SECONDS`): after it starts, and --
 with ``--leader-lease`` -- after its own kube-scheduler is seen taking the
-lease from another pod's (or the lease watch re-lists: a leader may have come
-and gone unseen). A filter that comes while the lease, as last seen, is held
+lease from another pod's (or ``leaseTransitions`` says a leader came and went
+unseen), and while no renewal by its own kube-scheduler has been seen for two
+thirds of the lease duration. A filter that comes while the lease, as last seen, is held
 by another (the lease watch lags: only a leader schedules) waits too. Its own
 kube-scheduler restarting and taking the lease back costs nothing: every
 container of it bound through this extender, which holds their binds.
@@ -79,6 +80,10 @@ class Leadership:
         a leader may have come and gone unseen); None while another holds it."""
         self.renewed: float | None = None
         """When the lease was last seen held by this pod's kube-scheduler."""
+        self._seen: tuple[str | None, object] = (None, None)
+        """(holder, renewTime) as last seen: a renewal changes it, a re-list does not."""
+        self._recreated = False
+        """Whether the last event was the lease's deletion: client-go creates it at count 0."""
         self._warned = -float("inf")
 
     def mine(self, holder: str | None) -> bool:
@@ -102,17 +107,40 @@ class Leadership:
         if holder != self.holder:
             log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
         self.holder = holder
+        # A re-list replays the lease as it stands: only a new renewTime (compared for
+        # equality, never against this clock) shows the holder alive since.
+        renewal = (holder, spec.get("renewTime")) != self._seen
+        self._seen = (holder, spec.get("renewTime"))
+        if self._acquired_unseen(holder, transitions):
+            self.last_holder = None  # another held it between two looks: the next own hold waits
+        self._recreated = kind == "DELETED"
         now = self.clock()
         if holder is not None and not self.mine(holder):
             self.since = None
         elif holder is not None:
-            self.renewed = now
+            if renewal:
+                self.renewed = now
             if not self.mine(self.last_holder) or self._missed(holder, transitions):
                 self.since = now
         if holder is not None:
             self.last_holder = holder
         if transitions is not None or kind == "DELETED":
             self.transitions = transitions
+
+    def _acquired_unseen(self, holder: str | None, transitions: int | None) -> bool:
+        """Whether someone not seen holding the lease acquired it since the last event:
+        the count rose on an event that does not show this pod's scheduler (it was
+        released since, or another holds it), or a lease re-created after a deletion
+        (client-go creates it at count 0) already counts an acquisition."""
+        if transitions is None:
+            return False
+        if self._recreated:
+            return transitions > 0
+        return (
+            self.transitions is not None
+            and transitions > self.transitions
+            and not self.mine(holder)
+        )
 
     def _missed(self, holder: str, transitions: int | None) -> bool:
         """Whether another leader may have held the lease between the last holder seen

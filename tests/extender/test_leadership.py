@@ -30,10 +30,13 @@ class Clock:
         return self.now
 
 
-def lease(holder: str | None, transitions: int = 0) -> dict[str, Any]:
+def lease(holder: str | None, transitions: int = 0, renewed: float = 0.0) -> dict[str, Any]:
+    """The Lease as kube-scheduler's client-go writes it; ``renewed``: its clock's second
+    (another node's clock, compared by the extender only for equality)."""
     spec: dict[str, Any] = {"leaseDurationSeconds": 15, "leaseTransitions": transitions}
     if holder is not None:
         spec["holderIdentity"] = holder
+        spec["renewTime"] = f"2026-11-26T12:{int(renewed) // 60 % 60:02d}:{renewed % 60:09.6f}Z"
     return {
         "metadata": {"name": "headroom-scheduler", "namespace": "headroom-system"},
         "spec": spec,
@@ -45,7 +48,7 @@ def renew(leadership: Leadership, clock: Clock, seconds: float, holder: str, n: 
     end = clock.now + seconds
     while clock.now + 2 <= end:
         clock.now += 2
-        leadership.on_lease("MODIFIED", lease(holder, n))
+        leadership.on_lease("MODIFIED", lease(holder, n, renewed=clock.now))
     clock.now = end
 
 
@@ -141,7 +144,59 @@ def test_a_view_of_the_lease_too_old_to_rule_out_a_new_leader_waits() -> None:
     assert leadership.waiting() is None
     clock.now += 10.5
     assert "no renewal" in (leadership.waiting() or "")
-    leadership.on_lease("MODIFIED", lease("scheduler-b_7c21", 1))
+    leadership.on_lease("MODIFIED", lease("scheduler-b_7c21", 1, renewed=clock.now))
+    assert leadership.waiting() is None
+
+
+def test_a_relisted_lease_is_not_a_renewal() -> None:
+    # This scheduler renewed last at 1014 and froze. At 1023 the lease watch breaks and
+    # re-lists: the lease still names it, with the same renewTime. That is no sign of
+    # life; by 1029 another may lead, and the answers stop at 1024 as without the re-list.
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 1, renewed=clock.now))
+    renew(leadership, clock, SETTLE, "scheduler-a_7c21", 1)
+    assert leadership.waiting() is None
+    last = clock.now - 1
+    clock.now = 1023.0
+    leadership.on_lease("MODIFIED", lease("scheduler-a_7c21", 1, renewed=last))
+    clock.now = 1025.0
+    assert "no renewal" in (leadership.waiting() or "")
+
+
+def test_a_leader_seen_only_by_its_release_is_counted() -> None:
+    # The lease watch is blind while B acquires (count 6), binds and releases on
+    # SIGTERM (client-go keeps the count, clears the holder). The re-list shows only the
+    # release; then this pod's restarted scheduler acquires (7). B's binds may land.
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 5, renewed=clock.now))
+    renew(leadership, clock, SETTLE, "scheduler-a_7c21", 5)
+    leadership.on_lease("MODIFIED", lease(None, 6))
+    leadership.on_lease("MODIFIED", lease("scheduler-a_99d0", 7, renewed=clock.now))
+    assert "took the lease" in (leadership.waiting() or "")
+
+
+def test_a_recreated_lease_another_held_in_between_is_counted() -> None:
+    # The lease is deleted by hand; B creates it (count 0) and releases it; this
+    # scheduler, still inside its renew deadline, acquires it under the same identity
+    # (count 1). A count above 0 on a re-created lease is an acquisition not seen.
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 9, renewed=clock.now))
+    renew(leadership, clock, SETTLE, "scheduler-a_7c21", 9)
+    leadership.on_lease("DELETED", {"metadata": {"name": "headroom-scheduler"}})
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 1, renewed=clock.now))
+    assert "took the lease" in (leadership.waiting() or "")
+
+
+def test_a_lease_this_scheduler_re_creates_waits_for_nothing() -> None:
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 9, renewed=clock.now))
+    renew(leadership, clock, SETTLE, "scheduler-a_7c21", 9)
+    leadership.on_lease("DELETED", {"metadata": {"name": "headroom-scheduler"}})
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 0, renewed=clock.now))
     assert leadership.waiting() is None
 
 
