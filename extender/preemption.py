@@ -17,13 +17,18 @@ memory the node agent measured above declarations. Here, per node:
 
 - kube-scheduler's victims are kept (they are what makes the node-level
   resources fit, and more victims never undo that);
-- with them gone, :func:`headroom.preemption.victims_on_node` adds the fewest,
-  lowest-priority pods, those no PodDisruptionBudget protects first, so that
-  every shared GPU of the node fits the preemptor by the extender's own
-  accounting (charged memory, observations, unattributed usage);
-- the result is checked by the filter's rule on the node's account with every
-  victim's charge freed; a node that cannot be freed is dropped (an empty victim list is an
-  error to kube-scheduler and would stop its preemption for every node);
+- the set must make room by the filter's own rule on the node's account worked
+  out without the victims (:meth:`ClusterState.fit` with ``gone``): their
+  departures recorded as the watch will record them, their memory gone from
+  the report, the departure history as it will stand after their grace
+  (:data:`HORIZON_SECONDS`), the preemptor's own holds left out;
+- where kube-scheduler's victims do not, pods are added: those
+  :func:`headroom.preemption.victims_on_node` picks so that every shared GPU
+  frees the preemptor's memory by the charges, then one at a time the lowest
+  of the rest (PodDisruptionBudgets last); each added pod is then reprieved,
+  the most valuable first, where the rest suffice. A node that cannot be freed
+  is dropped (an empty victim list is an error to kube-scheduler and would stop
+  its preemption for every node);
 - ``NumPDBViolations`` is recounted over the final set as kube-scheduler does.
 
 A MIG preemptor keeps kube-scheduler's answer: MIG slices are whole extended
@@ -41,6 +46,7 @@ from urllib.parse import quote
 
 from extender.state import ClusterState
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from headroom.accounting import NodeAccount
 from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import Budget, Evictee, parse_budget, protected, violations
 from headroom.podspec import PodError
@@ -48,6 +54,10 @@ from headroom.preemption import GPURoom, Resident, victims_on_node
 from kube.rest import Rest
 
 log = logging.getLogger(__name__)
+
+HORIZON_SECONDS = 60.0
+"""How far ahead the victims' freeing must hold: their grace period (30 s by
+default), kubelet confirming, and the agent's report showing the memory gone."""
 
 
 class Budgets(dict[str, Budget]):
@@ -202,7 +212,65 @@ def _victims(
     account = state.account(node)
     if account is None:
         return []
-    gone = set(given)
+    chosen = set(given)
+
+    def frees(gone: set[str]) -> bool:
+        # The filter's own rule on the account worked out without them, their
+        # departures recorded as the watch will record them and the history as it
+        # will stand when the preemptor is retried: summing the charges they free
+        # overstates it where one is not located yet, since the spread bound then
+        # charges the others more. This pod's own holds are not held against it.
+        return state.fit(
+            preemptor, node, without=preemptor.uid, gone=gone, horizon=HORIZON_SECONDS
+        ).fits
+
+    if frees(chosen):
+        return given
+    picked, rest = _candidates(preemptor, node, account, chosen, state, pdbs)
+    order = picked + rest
+    if picked and frees(chosen | set(picked)):
+        taken = len(picked)
+    elif not frees(chosen | set(order)):
+        return []  # never evict for nothing
+    else:
+        # The shortest run of ``order`` that frees it, by bisection: each try works a
+        # whole account out, and a node may hold dozens of pods. The run found is
+        # checked (``taken`` only ever ends on one that frees it).
+        low, taken = len(picked) + 1, len(order)
+        while low < taken:
+            middle = (low + taken) // 2
+            if frees(chosen | set(order[:middle])):
+                taken = middle
+            else:
+                low = middle + 1
+    added = order[:taken]
+    chosen.update(added)
+    # kube-scheduler's reprieve: of the pods added, the most valuable (protected by a
+    # PodDisruptionBudget, then the highest priority) stay wherever the rest suffice.
+    for uid in sorted(added, key=lambda uid: _worth(state, uid, pdbs), reverse=True):
+        chosen.discard(uid)
+        if not frees(chosen):
+            chosen.add(uid)
+    return given + [uid for uid in added if uid in chosen]
+
+
+def _worth(state: ClusterState, uid: str, pdbs: list[Budget]) -> tuple[bool, int]:
+    claim = state.pods.get(uid)
+    return protected(_evictee(state, uid), pdbs), claim.priority if claim else 0
+
+
+def _candidates(
+    preemptor: PodClaim,
+    node: str,
+    account: NodeAccount,
+    gone: set[str],
+    state: ClusterState,
+    pdbs: list[Budget],
+) -> tuple[list[str], list[str]]:
+    """Pods of ``node`` below the preemptor's priority that could go besides ``gone``:
+    those :func:`victims_on_node` picks to give every GPU room by the charges they
+    free, and the rest, PodDisruptionBudgets last, lowest priority and largest charge
+    first."""
     rooms = []
     for gpu in account.gpus:
         if not gpu.shared:
@@ -221,37 +289,20 @@ def _victims(
             and claim.node == node
         )
         rooms.append(GPURoom(str(gpu.index), gpu.headroom + freed, residents))
-    if not rooms:
-        return []
-    more = victims_on_node(preemptor.need, preemptor.priority, rooms)
-    if more is None:
-        return []
-    victims = given + [pod.uid for pod in more.pods if pod.uid not in gone]
-    # The filter's own rule on the account worked out without the victims, their
-    # departures recorded: summing the charges they free overstates it where one
-    # is not located yet, since the spread bound then charges the others more (a
-    # GPU's pods capped to 0 move up). Until it fits, the lowest of the rest go too
-    # (PodDisruptionBudgets last), or the node is dropped: never evict for nothing.
-    chosen = set(victims)
-    if state.fit(preemptor, node, gone=chosen).fits:
-        return victims
+    first = victims_on_node(preemptor.need, preemptor.priority, rooms) if rooms else None
+    picked = [] if first is None else [pod.uid for pod in first.pods if pod.uid not in gone]
     rest: dict[str, tuple[bool, int, int, str]] = {}
     for gpu in account.gpus:
         for c in gpu.pods:
             claim = state.pods.get(c.uid)
-            if c.uid in chosen or claim is None or claim.node != node:
+            if c.uid in gone or claim is None or claim.node != node:
                 continue
             if claim.priority >= preemptor.priority:
                 continue
             shield = protected(_evictee(state, c.uid), pdbs)
             _, _, memory, _ = rest.get(c.uid, (shield, claim.priority, 0, c.uid))
             rest[c.uid] = (shield, claim.priority, min(memory, -c.charged), c.uid)
-    for _, _, _, uid in sorted(rest.values()):
-        victims.append(uid)
-        chosen.add(uid)
-        if state.fit(preemptor, node, gone=chosen).fits:
-            return victims
-    return []
+    return picked, [uid for *_, uid in sorted(rest.values()) if uid not in picked]
 
 
 def _explain(preemptor: PodClaim, node: str, victims: list[str], state: ClusterState) -> str:

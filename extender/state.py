@@ -27,7 +27,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -58,6 +58,10 @@ every GPU of its node again, as are pods created before the pod watch last
 (re-)listed: a pod created and deleted before that list went unseen."""
 PENDING_MEMORY = 10_000
 """Pods remembered from filter requests, for a bind that outruns the pod watch."""
+
+
+TRIALS_KEPT = 16
+"""Multi-replica pod shapes whose trial answers are kept per node."""
 
 
 class Hold(NamedTuple):
@@ -100,6 +104,9 @@ class ClusterState:
         self._assumed_on: dict[str, dict[str, PodClaim]] = {}
         """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
         self._accounts: dict[str, NodeAccount] = {}
+        self._trials: dict[str, dict[Hashable, Fit]] = {}
+        """Node -> a pending multi-replica pod's shape -> :meth:`fit`'s trial answer,
+        dropped with the node's account."""
         self.shared_headroom: dict[str, int] = {}
         """Node -> headroom for a shared pod, for every cached account: the filter's index."""
         self.shared_room: dict[str, tuple[int, int]] = {}
@@ -234,6 +241,7 @@ class ClusterState:
     def on_resync(self) -> None:
         """After a re-list every account is recomputed from the new contents."""
         self._accounts.clear()
+        self._trials.clear()
         self.shared_headroom.clear()
         self.shared_room.clear()
         self.verdicts.clear()
@@ -260,10 +268,14 @@ class ClusterState:
         """The node's account as if pod ``uid`` were not on it (not cached)."""
         return self._work_out(name, skip={uid})
 
-    def account_after(self, name: str, gone: Collection[str]) -> NodeAccount | None:
+    def account_after(
+        self, name: str, gone: Collection[str], *, horizon: float = 0.0
+    ) -> NodeAccount | None:
         """The node's account as if the pods ``gone`` had left it, each departure
-        recorded as the watch would record it (not cached): what preemption frees."""
-        return self._work_out(name, skip=set(gone), gone=gone)
+        recorded as the watch would record it (not cached): what preemption frees.
+        ``horizon``: seconds ahead the account must still hold (the victims' grace
+        period), as far as the departure history is concerned."""
+        return self._work_out(name, skip=set(gone), gone=gone, horizon=horizon)
 
     def _work_out(
         self,
@@ -273,10 +285,12 @@ class ClusterState:
         gone: Collection[str] = (),
         more: PodClaim | None = None,
         now: float | None = None,
+        horizon: float = 0.0,
     ) -> NodeAccount | None:
         """The node's account from the cache, leaving out the pods ``skip``, with the
         pods ``gone`` departed (their memory gone from the reports too) and ``more``
-        added; None for a node the cache does not hold."""
+        added, its departure history as it will be ``horizon`` seconds from now; None
+        for a node the cache does not hold."""
         node = self.nodes.get(name)
         if node is None:
             return None
@@ -293,21 +307,33 @@ class ClusterState:
             margin=self.margin,
             stale_after=self.stale_after,
             last_good=_without(self.last_good.get(name), gone),
-            history=self._history_after(name, gone),
+            history=self._history_after(name, gone, horizon),
         )
 
-    def _history_after(self, name: str, gone: Collection[str]) -> History | None:
+    def _history_after(
+        self, name: str, gone: Collection[str], horizon: float = 0.0
+    ) -> History | None:
+        """The node's history with the pods ``gone`` departed now, as :meth:`_drop` will
+        record them: a pod bound here from where the report placed it, a pod only held
+        here (its bind may have landed, kubelet may have allocated it) from any GPU.
+        With a ``horizon``, the history's start is where it will be by then: a pod
+        created before that is then charged on every GPU."""
         if not self.spread:
             return None
         history = self.history(name)
+        now = self.clock()
+        since = max(history.since, now + horizon - HISTORY_SECONDS)
         if not gone:
-            return history
-        now, left = self.clock(), []
+            return history if since == history.since else History(since, history.departures)
+        held, left = self._assumed_on.get(name, {}), []
         for uid in gone:
             claim = self.pods.get(uid)
-            if claim is not None and claim.node == name and claim.shared:
-                left.extend([(now, self._departure_gpu(claim))] * claim.shared)
-        return History(history.since, history.departures + tuple(left))
+            if claim is not None and claim.node == name:
+                if claim.shared:
+                    left.extend([(now, self._departure_gpu(claim))] * claim.shared)
+            elif uid in held and held[uid].shared:
+                left.extend([(now, None)] * held[uid].shared)
+        return History(since, history.departures + tuple(left))
 
     def fit(
         self,
@@ -316,19 +342,22 @@ class ClusterState:
         *,
         without: str | None = None,
         gone: Collection[str] = (),
+        horizon: float = 0.0,
     ) -> Fit:
         """Whether ``claim`` fits node ``name`` now (:func:`headroom.placement.fit`),
-        as if pod ``without`` were not there, and the pods ``gone`` had left.
+        as if pod ``without`` were not there, and the pods ``gone`` had left (the
+        departure history as it will be ``horizon`` seconds from now).
 
         A pod of more than one replica is charged in full on every GPU, but its
         replicas also let more of the unlocated single-replica pods already there
         come together on one GPU (headroom.spread): it fits only if every GPU has
-        room in the account worked out with it.
+        room in the account worked out with it. That trial account is worked out
+        once per node and pod shape until an event touches the node
+        (:meth:`_trial`).
         """
-        if gone:
-            account = self.account_after(name, gone)
-        elif without is not None:
-            account = self.account_without(name, without)
+        skip = {*gone} | ({without} if without is not None else set())
+        if skip or horizon:
+            account = self._work_out(name, skip=skip, gone=gone, horizon=horizon)
         else:
             account = self.account(name)
         if account is None:
@@ -336,20 +365,30 @@ class ClusterState:
         verdict = fit(account, claim)
         if not verdict.fits or claim.shared <= 1 or not account.capped:
             return verdict
-        skip = {claim.uid, *gone} | ({without} if without is not None else set())
-        trial = self._work_out(name, skip=skip, gone=gone, more=replace(claim, node=name))
-        if trial is None:
-            return Fit(False, UNKNOWN_NODE)
-        shared = [gpu for gpu in trial.gpus if gpu.shared]
-        fullest = min(shared, key=lambda gpu: gpu.headroom, default=None)
-        if fullest is None or fullest.headroom >= 0:
-            return verdict
-        return Fit(
-            False,
-            f"{claim.shared} replicas of {claim.need_text}, each GPU charged: beside them "
-            f"more of the pods bound here and not located yet can share one GPU, and gpu "
-            f"{fullest.index} would be {human_bytes(-fullest.headroom)} over",
-        )
+        cached = self.pods.get(claim.uid)
+        here = cached is not None and cached.node == name
+        if skip or horizon or here or name in self.assumed.get(claim.uid, {}):
+            trial = self._work_out(
+                name,
+                skip={claim.uid, *skip},
+                gone=gone,
+                more=replace(claim, node=name),
+                horizon=horizon,
+            )
+            return _trial_fit(claim, verdict, trial)
+        # A pod not on the node: its shape and creation (rounded down, which only
+        # counts more departures) are all its trial reads of it, so retries and the
+        # pods of one Deployment share each node's answer.
+        created = None if claim.created is None else claim.created // 30 * 30
+        key = (claim.shared, claim.need, tuple(sorted(claim.mig.items())), created)
+        trials = self._trials.setdefault(name, {})
+        answer = trials.get(key)
+        if answer is None:
+            if len(trials) >= TRIALS_KEPT:  # shapes enough to grow without bound: start over
+                trials.clear()
+            more = replace(claim, node=name, created=created)
+            answer = trials[key] = _trial_fit(claim, verdict, self._work_out(name, more=more))
+        return answer
 
     def history(self, name: str) -> History:
         """The node's departures the extender has seen, and since when it has seen all."""
@@ -598,9 +637,27 @@ class ClusterState:
             self.departures.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
+        self._trials.pop(node, None)
         self.shared_headroom.pop(node, None)
         self.shared_room.pop(node, None)
         self.verdicts.drop(node)
+
+
+def _trial_fit(claim: PodClaim, verdict: Fit, trial: NodeAccount | None) -> Fit:
+    """``verdict`` (the pod fits the node's account), unless a GPU is over in ``trial``,
+    the account worked out with the pod in it."""
+    if trial is None:
+        return Fit(False, UNKNOWN_NODE)
+    shared = [gpu for gpu in trial.gpus if gpu.shared]
+    fullest = min(shared, key=lambda gpu: gpu.headroom, default=None)
+    if fullest is None or fullest.headroom >= 0:
+        return verdict
+    return Fit(
+        False,
+        f"{claim.shared} replicas of {claim.need_text}, each GPU charged: beside them "
+        f"more of the pods bound here and not located yet can share one GPU, and gpu "
+        f"{fullest.index} would be {human_bytes(-fullest.headroom)} over",
+    )
 
 
 def _pod_key(obj: Mapping[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import parse_budget
 from headroom.placement import fit
 from tests.extender.conftest import Harness
-from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
 from tests.extender.test_server import post
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "extender"
@@ -314,3 +315,186 @@ async def test_victims_not_yet_located_free_what_the_bound_then_charges(
     account = h.state.account("gpu-a")
     assert account is not None
     assert fit(account, parse_claim(urgent)).fits
+
+
+# --- victims that make room, and no more --------------------------------------
+
+
+def one_node(h: Harness, gpus: int) -> None:
+    h.state.on_node("ADDED", gpu_node("n", gpus=gpus, memory_mib=16384))
+
+
+def named(result: dict[str, Any], node: str = "n") -> list[str] | None:
+    kept = result["NodeNameToMetaVictims"].get(node)
+    return None if kept is None else [p["UID"] for p in kept["Pods"]]
+
+
+def on_node(h: Harness, *pods: dict[str, Any]) -> None:
+    for pod in pods:
+        h.state.on_pod("ADDED", pod)
+
+
+async def test_a_node_kube_schedulers_victims_free_by_the_filters_rule_is_kept(
+    budgets_harness: Harness,
+) -> None:
+    # Two 16 GiB GPUs: p0 (8 GiB, priority 0) located on GPU 0; a (6) and b (4),
+    # outranking the preemptor, not located. GPU 1 shows 5.5 GiB headroom, but a
+    # newcomer's room there is 9.5 (a, b and it cannot all land on it). Without p0
+    # the 8 GiB preemptor fits by the filter's rule; the headroom alone said no GPU 1
+    # could be freed and dropped the node, leaving the preemptor pending.
+    h = budgets_harness
+    one_node(h, 2)
+    p0 = resident("p0", "n", "8Gi")
+    on_node(h, p0, resident("a", "n", "6Gi", priority=HIGH + 1))
+    on_node(h, resident("b", "n", "4Gi", priority=HIGH + 1))
+    h.state.on_report("ADDED", gpu_report("n", {0: {uid_of(p0): GIB // 4}, 1: {}}, total_mib=16384))
+    urgent = preemptor("8Gi")
+    assert not h.state.fit(parse_claim(urgent), "n").fits
+    status, result = await post(h, "preempt", ask(urgent, {"n": [uid_of(p0)]}))
+    assert status == 200, result
+    assert named(result) == [uid_of(p0)]
+
+
+async def test_no_victim_is_added_where_kube_schedulers_suffice(
+    budgets_harness: Harness,
+) -> None:
+    # As above with a at priority 0: p0 alone makes room, yet the headroom rule
+    # added a, which would have been evicted for nothing.
+    h = budgets_harness
+    one_node(h, 2)
+    p0 = resident("p0", "n", "8Gi")
+    on_node(h, p0, resident("a", "n", "6Gi"), resident("b", "n", "4Gi", priority=HIGH + 1))
+    h.state.on_report("ADDED", gpu_report("n", {0: {uid_of(p0): GIB // 4}, 1: {}}, total_mib=16384))
+    status, result = await post(h, "preempt", ask(preemptor("8Gi"), {"n": [uid_of(p0)]}))
+    assert status == 200, result
+    assert named(result) == [uid_of(p0)]
+
+
+async def test_pods_added_beyond_need_are_reprieved(budgets_harness: Harness) -> None:
+    # Three 16 GiB GPUs: p1 (4 GiB) and p2 (2 GiB) located on GPU 1; p0 (8 GiB) and p3
+    # (4 GiB) not located. kube-scheduler names p3; a 10 GiB preemptor also needs p0
+    # gone. By headroom GPU 1 (9.5 GiB left) needed p2 gone too, but the device plugin
+    # gives the newcomer GPU 0 or 2, the emptiest: p2, the higher priority of the two
+    # added, is reprieved as kube-scheduler reprieves its own victims.
+    h = budgets_harness
+    one_node(h, 3)
+    p0, p1 = resident("p0", "n", "8Gi"), resident("p1", "n", "4Gi", priority=2)
+    p2, p3 = resident("p2", "n", "2Gi", priority=1), resident("p3", "n", "4Gi", priority=1)
+    on_node(h, p0, p1, p2, p3)
+    usage: dict[int, dict[str, int]] = {
+        0: {},
+        1: {uid_of(p1): GIB // 4, uid_of(p2): GIB // 4},
+        2: {},
+    }
+    h.state.on_report("ADDED", gpu_report("n", usage, total_mib=16384))
+    urgent = preemptor("10Gi")
+    status, result = await post(h, "preempt", ask(urgent, {"n": [uid_of(p3)]}))
+    assert status == 200, result
+    assert named(result) == [uid_of(p3), uid_of(p0)]
+    h.clock.now += 1
+    for pod in (p3, p0):
+        h.state.on_pod("DELETED", pod)
+    assert h.state.fit(parse_claim(urgent), "n").fits
+
+
+async def test_victims_only_held_here_depart_in_the_trial(budgets_harness: Harness) -> None:
+    # Two 16 GiB GPUs: p0 (6 GiB) located on GPU 1, p1 (6 GiB) not located. h0 (2)
+    # and h1 (6) were just bound by this extender; kube-scheduler's cache shows them
+    # bound, the pod watch not yet, and kube-scheduler names them. Left out of the
+    # trial with no departure, they made the 8 GiB preemptor fit; once the watch
+    # showed them bound and deleted, their departures let p1 beside p0 and the
+    # preemptor fit nowhere: both evicted for nothing. Either the node is dropped
+    # or the victims named make room in the account the watch then shows.
+    h = budgets_harness
+    state = h.state
+    one_node(h, 2)
+    p0 = resident("p0", "n", "6Gi", priority=HIGH + 1)
+    on_node(h, p0, resident("p1", "n", "6Gi", priority=HIGH + 1))
+    usage: dict[int, dict[str, int]] = {0: {}, 1: {uid_of(p0): GIB // 4}}
+    state.on_report("ADDED", gpu_report("n", usage, total_mib=16384))
+    held = []
+    for name, size in (("h0", "2Gi"), ("h1", "6Gi")):
+        pod = gpu_pod(name, declared=size)
+        pod["spec"]["priority"] = 0
+        state.on_pod("ADDED", pod)
+        meta = pod["metadata"]
+        answer = await h.extender.bind(
+            ExtenderBindingArgs(
+                PodName=name, PodNamespace=meta["namespace"], PodUID=meta["uid"], Node="n"
+            )
+        )
+        assert answer.Error == "", answer
+        assert uid_of(pod) in state.assumed
+        held.append(pod)
+    urgent = preemptor("8Gi")
+    status, result = await post(h, "preempt", ask(urgent, {"n": [uid_of(p) for p in held]}))
+    assert status == 200, result
+    victims = named(result)
+    if victims is None:
+        return
+    h.clock.now += 1
+    for pod in held:
+        bound = {**pod, "spec": {**pod["spec"], "nodeName": "n"}}
+        state.on_pod("MODIFIED", bound)
+        if uid_of(pod) in victims:
+            state.on_pod("DELETED", bound)
+    assert state.fit(parse_claim(urgent), "n").fits
+
+
+async def test_the_preemptors_own_hold_is_not_held_against_it(
+    budgets_harness: Harness,
+) -> None:
+    # One 16 GiB GPU: v (6 GiB) and w (2 GiB) below the preemptor. The filter held the
+    # 7 GiB preemptor here; v's use then rose to 7 GiB and the pod was not bound.
+    # kube-scheduler names v, which makes room for the pod by itself; counting the
+    # pod's own hold beside it took w too.
+    h = budgets_harness
+    one_node(h, 1)
+    v, w = resident("v", "n", "6Gi"), resident("w", "n", "2Gi")
+    on_node(h, v, w)
+    h.state.on_report(
+        "ADDED", gpu_report("n", {0: {uid_of(v): 5 * GIB, uid_of(w): GIB}}, total_mib=16384)
+    )
+    urgent = preemptor("7Gi")
+    h.state.on_pod("ADDED", urgent)
+    claim = h.state.parse(urgent)
+    assert h.state.assume(claim, "n").fits
+    h.clock.now += 2
+    h.state.on_report(
+        "MODIFIED",
+        gpu_report(
+            "n",
+            {0: {uid_of(v): 7 * GIB, uid_of(w): GIB}},
+            total_mib=16384,
+            at=EPOCH + timedelta(seconds=2),
+        ),
+    )
+    status, result = await post(h, "preempt", ask(urgent, {"n": [uid_of(v)]}))
+    assert status == 200, result
+    assert named(result) == [uid_of(v)]
+
+
+async def test_victims_make_room_in_the_history_as_it_stands_after_their_grace(
+    budgets_harness: Harness,
+) -> None:
+    # Four 16 GiB GPUs. m (2 replicas x 2 GiB, never located) was created 595 s ago:
+    # at 600 s the node's departure history no longer covers it, and every pod not
+    # located is charged on every GPU. Now, without v (8 GiB) the 7 GiB preemptor
+    # fits by the bound; 10 s later, when v is gone, it would fit nowhere. Worked
+    # out as of the victims' grace, the node is dropped rather than v evicted.
+    h = budgets_harness
+    h.state.watching_since -= 3600
+    one_node(h, 4)
+    m = gpu_pod("m", node="n", declared="2Gi", shared=2, phase="Running")
+    m["metadata"]["creationTimestamp"] = "2025-06-01T11:50:05Z"  # EPOCH - 595 s
+    m["spec"]["priority"] = HIGH + 1
+    v = resident("v", "n", "8Gi")
+    on_node(h, m, resident("a", "n", "6Gi", priority=HIGH + 1))
+    on_node(h, resident("b", "n", "6Gi", priority=HIGH + 1), v)
+    empty: dict[int, dict[str, int]] = {0: {}, 1: {}, 2: {}, 3: {}}
+    h.state.on_report("ADDED", gpu_report("n", empty, total_mib=16384))
+    urgent = preemptor("7Gi")
+    assert h.state.fit(parse_claim(urgent), "n", gone={uid_of(v)}).fits  # now, yes
+    status, result = await post(h, "preempt", ask(urgent, {"n": [uid_of(v)]}))
+    assert status == 200, result
+    assert named(result) is None
