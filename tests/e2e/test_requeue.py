@@ -160,14 +160,16 @@ def test_a_pod_refused_before_the_extender_restarted_binds_once_it_is_back(
     # The neighbour's usage falls while no extender is running, and nothing
     # kube-scheduler watches changes (its pattern falls by itself; a report is
     # not an event for it): only the restarted extender's first stamp retries the
-    # pod. Spiky, a 60 s period: 12 GiB from 15 s after it starts, 1 GiB from 60 s.
+    # pod. Spiky, a 90 s period: 12 GiB from 45 s after it starts, 1 GiB from 90 s to
+    # 135 s -- room for 45 s, which the restarted extender's 15 s wait (binds from
+    # before it started may land) must leave time in: a 15 s window made this flaky.
     ns = namespace("gpu-shared")
     greedy = pod(ns, "greedy", "2Gi")
-    spike = {"pattern": "spiky", "base": "1Gi", "amplitude": "11Gi", "periodSeconds": 60,
+    spike = {"pattern": "spiky", "base": "1Gi", "amplitude": "11Gi", "periodSeconds": 90,
              "spikeSeconds": 45}  # fmt: skip
     greedy["metadata"]["annotations"][names.ANNOTATION_SIMULATED_USAGE] = json.dumps(spike)
     create(cluster, greedy)
-    eventually("greedy measured at 12 GiB", lambda: used_on(cluster, NODE) >= 12 * GIB)
+    eventually("greedy measured at 12 GiB", lambda: used_on(cluster, NODE) >= 12 * GIB, timeout=120)
     create(cluster, pod(ns, "waiting", "6Gi"))
     reason = refused(cluster, ns, "waiting")
     assert "GiB headroom < 6.0 GiB declared" in reason, reason
