@@ -129,6 +129,7 @@ def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
         mig_devices=mig_devices,
         pods=whole,
         unattributed_bytes=max(gpu.used_bytes - attributed, 0),
+        numa_node=gpu.numa_node,
         error=gpu.error,
     )
 

@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agent.probe import GPU, BackendName, GPUProcess, MigDevice, ProbeUnavailable, Snapshot
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 _MIG_NAME = re.compile(r"\bMIG\s+(?P<profile>\d+g\.\d+gb(?:[+-][a-z.]+)?)", re.IGNORECASE)
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 def _text(value: str | bytes) -> str:
@@ -43,8 +45,10 @@ class NvmlProbe:
         *,
         retry_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        sysfs: Path = Path("/sys"),
     ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._sysfs = sysfs
         self._retry_seconds = retry_seconds
         self._clock = clock
         self._initialised = False
@@ -136,7 +140,28 @@ class NvmlProbe:
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(handle) if mig_enabled else (),
             processes=() if mig_enabled else self._processes(handle),
+            numa_node=self._numa_node(handle),
         )
+
+    def _numa_node(self, handle: Any) -> int | None:
+        """The GPU's NUMA node as the NVIDIA device plugin reads it and reports it to
+        kubelet (go-nvlib ``GetNumaNode``: sysfs ``numa_node`` of the PCI device); None
+        where it has none (-1) or it cannot be read. Never fails the GPU."""
+        nvml = self._nvml
+        try:
+            bus = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except nvml.NVMLError as err:
+            log.debug("no PCI bus ID: %s", err)
+            return None
+        domain, _, rest = bus.strip().partition(":")
+        name = f"{domain[-4:]}:{rest}".lower()  # 00000000:3B:00.0 -> 0000:3b:00.0
+        if not _BUS_ID.fullmatch(name):
+            return None
+        try:
+            node = int((self._sysfs / "bus/pci/devices" / name / "numa_node").read_text())
+        except (OSError, ValueError):
+            return None
+        return node if 0 <= node <= 1023 else None
 
     def _mig_enabled(self, handle: Any) -> bool:
         nvml = self._nvml

@@ -59,6 +59,8 @@ class GPU:
     the simulation's own choice on a fake one. Listed in the report before they use it."""
     error: str = ""
     """Why NVML could not read this GPU; its figures are then not measurements."""
+    numa_node: int | None = None
+    """Its NUMA node as the NVIDIA device plugin reads it for kubelet (sysfs), or None."""
 
 
 @dataclass(frozen=True)

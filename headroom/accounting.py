@@ -46,7 +46,7 @@ MIG pods are counted against slices, not GPU memory: a profile's free slices
 are its node capacity minus the slices bound and assumed pods ask for.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -219,26 +219,26 @@ def account_node(
     """
     live = [c for c in claims if not c.terminated]
     source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
+    groups = numa_groups(node.count, (r for r in (report, last_good) if r is not None))
     if node.problems:
         note = "; ".join(filter(None, (note, *node.problems)))
     if report is not None and source == "report":
         report, forged = _believable(node, report)
         note = "; ".join(filter(None, (note, *forged)))
         readable, failed = _readable(node, report)
-        gpus = _measured(node, live, readable, margin, history, now)
+        gpus = _measured(node, live, readable, margin, history, now, groups)
         if failed:
             # A GPU NVML could not read, or that the report leaves out, is accounted
             # as a stale one, with the figures the agent carries for it (the last it
             # read) as evidence beside the extender's own; the others stay measured.
             evidence = [r for r in (last_good, report) if r is not None]
-            fallback = {
-                g.index: g for g in _declared_only(node, live, evidence, margin, history, now)
-            }
+            declared = _declared_only(node, live, evidence, margin, history, now, groups)
+            fallback = {g.index: g for g in declared}
             gpus = [fallback.get(g.index, g) if g.index in failed else g for g in gpus]
             note = "; ".join(filter(None, (note, *(failed[i] for i in sorted(failed)))))
     else:
         evidence = [r for r in (last_good, report) if r is not None]
-        gpus = _declared_only(node, live, evidence, margin, history, now)
+        gpus = _declared_only(node, live, evidence, margin, history, now, groups)
     mig = {
         profile: MigAccount(
             profile,
@@ -307,6 +307,7 @@ def _measured(
     margin: int,
     history: History | None,
     now: float,
+    groups: Mapping[int, Hashable] | None,
 ) -> list[GPUAccount]:
     reported = {gpu.index: gpu for gpu in report.gpus}
     indices = sorted(set(range(node.count)) | reported.keys())
@@ -332,7 +333,7 @@ def _measured(
     for uid, index in home.items():
         located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
-    limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed)
+    limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed, groups)
     growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     leavers: dict[int, list[int]] = {}
@@ -459,6 +460,7 @@ def _declared_only(
     margin: int,
     history: History | None,
     now: float,
+    groups: Mapping[int, Hashable] | None,
 ) -> list[GPUAccount]:
     """Declarations and the label, plus whatever the reports in ``evidence`` observed.
 
@@ -490,7 +492,7 @@ def _declared_only(
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
-    limits = _spread(shared, list(range(node.count)), {}, history, now, node.confirmed)
+    limits = _spread(shared, list(range(node.count)), {}, history, now, node.confirmed, groups)
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
@@ -574,6 +576,7 @@ def _spread(
     history: History | None,
     now: float,
     confirmed: int,
+    groups: Mapping[int, Hashable] | None = None,
 ) -> Spread | None:
     """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
@@ -591,6 +594,10 @@ def _spread(
     them gone: ``own - j`` located, with their memory gone too (:func:`_cap`).
     Located pods of the other GPUs only ever raise their bounds: a pod gone
     from one is counted there still, which charges more.
+
+    ``groups`` (:func:`numa_groups`): with kubelet's Topology Manager on, kubelet
+    offers the device plugin only the GPUs of one NUMA node, so a GPU is bounded
+    only by the GPUs of its own NUMA node; None: by every GPU.
     """
     if len(shared_indices) < 2 or len(shared_indices) > confirmed or history is None:
         return None
@@ -613,9 +620,38 @@ def _spread(
     more: dict[int, tuple[int, ...]] = {}
     for g in shared_indices:
         own = len(located.get(g, ()))
-        most[g] = most_with_gone(g, replicas, bounds, anywhere, own)
-        more[g] = most_with_gone(g, replicas + 1, bounds, anywhere, own, least=most[g])
+        peers = bounds
+        if groups is not None:
+            peers = {h: c for h, c in bounds.items() if groups.get(h, h) == groups.get(g, g)}
+        most[g] = most_with_gone(g, replicas, peers, anywhere, own)
+        more[g] = most_with_gone(g, replicas + 1, peers, anywhere, own, least=most[g])
     return Spread(now=most, next=more)
+
+
+def numa_groups(count: int, reports: Iterable[ReportStatus]) -> dict[int, Hashable] | None:
+    """Which of the node's GPUs kubelet may offer the device plugin together: GPU index
+    -> a key equal for GPUs on one NUMA node by every report that says; None where no
+    report gives a NUMA node (one group: the Topology Manager cannot filter by it).
+
+    kubelet's Topology Manager (any policy but the default ``none``) asks for one
+    NUMA node's devices first (devicemanager ``filterByAffinity``): a one-replica pod
+    gets a replica of the lowest NUMA node with one free, spread only over that node's
+    GPUs. The NVIDIA device plugin gives each replica its GPU's NUMA node. So a GPU is
+    bounded only by its own NUMA node's GPUs; one whose node a report leaves out
+    (none, or not read) while others have one is bounded by no other. Grouping
+    GPUs apart only loosens the bound, so this holds with the Topology Manager off.
+    """
+    keys: dict[int, tuple[object, ...]] = dict.fromkeys(range(count), ())
+    told = False
+    for report in reports:
+        numa = {gpu.index: gpu.numa_node for gpu in report.gpus}
+        if all(node is None for node in numa.values()):
+            continue
+        told = True
+        for index, key in keys.items():
+            node = numa.get(index)
+            keys[index] = (*key, ("alone", index) if node is None else node)
+    return dict(keys) if told else None
 
 
 def _cap(

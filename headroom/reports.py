@@ -77,6 +77,11 @@ class GPUUsage:
     pods: list[PodUsage] = Field(default_factory=list)
     unattributed_bytes: int = Field(default=0, ge=0)
     """Memory NVML sees in use that belongs to no pod the agent knows."""
+    numa_node: int | None = Field(default=None, ge=0, le=1023)
+    """The GPU's NUMA node as the NVIDIA device plugin reports it to kubelet (sysfs
+    ``numa_node`` of its PCI device); None: none, or not read. kubelet's Topology
+    Manager (any policy but ``none``) offers the plugin only one NUMA node's GPUs
+    (headroom.spread)."""
     error: str = ""
     """Why NVML could not read this GPU now (or, with NVML unavailable, the node).
     Its figures are then the last the agent read (zero if none): evidence to

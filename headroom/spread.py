@@ -44,6 +44,12 @@ charges each GPU the largest ``x_g`` of the unlocated single-replica pods
 departures: without their history (an extender restarted after the pod was
 created) the pod is charged everywhere, as before.
 
+kubelet's Topology Manager, when on, offers the plugin only one NUMA node's
+replicas (the lowest with one free, for a one-replica pod): the allocator then
+picks the fewest among that node's GPUs only, so the argument holds per NUMA
+node, and the accounting passes ``others`` for the GPU's own NUMA node only
+(``headroom.accounting.numa_groups``, from the agent's report).
+
 Not covered, and charged conservatively by nothing else: a device plugin
 configured with ``sharedDevicesAllocationPolicy: packed`` (newer releases), and
 GPUs marked unhealthy (the allocator skips them). The README says so.

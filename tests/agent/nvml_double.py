@@ -38,6 +38,7 @@ class DeviceDouble:
     mig_slots: dict[int, "DeviceDouble"] = field(default_factory=dict)
     max_mig: int = 7
     processes_error: type[Exception] | None = None
+    bus_id: str = "00000000:3B:00.0"
 
 
 class PynvmlDouble:
@@ -96,6 +97,10 @@ class PynvmlDouble:
     def nvmlDeviceGetUUID(self, handle: DeviceDouble) -> str | bytes:
         self._check("nvmlDeviceGetUUID")
         return self._text(handle.uuid)
+
+    def nvmlDeviceGetPciInfo(self, handle: DeviceDouble) -> Any:
+        self._check("nvmlDeviceGetPciInfo")
+        return pynvml.nvmlPciInfo_t(busId=handle.bus_id.encode())
 
     def nvmlDeviceGetMemoryInfo(self, handle: DeviceDouble) -> Any:
         self._check("nvmlDeviceGetMemoryInfo")

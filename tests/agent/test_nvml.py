@@ -1,6 +1,7 @@
 """The NVML backend against a test double of pynvml (no GPU on this machine)."""
 
 import logging
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -230,3 +231,22 @@ async def test_nvml_lost_keeps_reporting_the_last_good_figures_marked() -> None:
         assert (condition.status, condition.reason) == ("False", "NVMLQueryFailed")
         assert [g.used_bytes for g in lost.gpus] == [g.used_bytes for g in good.gpus]
         assert all("NVMLQueryFailed" in g.error for g in lost.gpus)
+
+
+def test_each_gpus_numa_node_is_read_as_the_device_plugin_reads_it(tmp_path: Path) -> None:
+    # go-nvlib's GetNumaNode: NVML's PCI bus ID, then sysfs numa_node (-1: none). kubelet's
+    # Topology Manager offers the device plugin one NUMA node's GPUs, so the extender
+    # bounds unlocated pods per NUMA node (headroom.spread).
+    devices = [*two_gpus(), DeviceDouble("Tesla T4", "GPU-3", total=15 * GIB, used=0)]
+    buses = ("00000000:3B:00.0", "00000000:AF:00.0", "00000000:D8:00.0")
+    for device, bus in zip(devices, buses, strict=True):
+        device.bus_id = bus
+    for name, node in (("0000:3b:00.0", "0\n"), ("0000:af:00.0", "1\n"), ("0000:d8:00.0", "-1\n")):
+        (tmp_path / "bus/pci/devices" / name).mkdir(parents=True)
+        (tmp_path / "bus/pci/devices" / name / "numa_node").write_text(node)
+    gpus = NvmlProbe(PynvmlDouble(devices), sysfs=tmp_path).snapshot().gpus
+    assert [gpu.numa_node for gpu in gpus] == [0, 1, None]
+    # No sysfs entry, or a bus ID that is not one: unknown, and the GPU still read.
+    devices[0].bus_id = "00000000:3B:00.0/../../x"
+    (gpu, *_) = NvmlProbe(PynvmlDouble(devices), sysfs=tmp_path / "none").snapshot().gpus
+    assert (gpu.numa_node, gpu.error, gpu.total_bytes) == (None, "", 40 * GIB)

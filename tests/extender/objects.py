@@ -138,8 +138,9 @@ def gpu_report(
     unattributed: Mapping[int, int] | None = None,
     at: datetime = EPOCH,
     age: float = 0.0,
+    numa: Mapping[int, int] | None = None,
 ) -> Object:
-    """A GPUNodeReport: per GPU index, pod UID -> bytes used."""
+    """A GPUNodeReport: per GPU index, pod UID -> bytes used (and its NUMA node)."""
     gpus = [
         GPUUsage(
             index=index,
@@ -150,6 +151,7 @@ def gpu_report(
             free_bytes=max(total_mib * 2**20 - sum(pods.values()), 0),
             pods=[PodUsage(uid=uid, used_bytes=used) for uid, used in pods.items()],
             unattributed_bytes=(unattributed or {}).get(index, 0),
+            numa_node=(numa or {}).get(index),
         )
         for index, pods in usage.items()
     ]

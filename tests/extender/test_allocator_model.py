@@ -8,6 +8,10 @@ reports are taken, delayed and superseded, NVML fails on a GPU now and then,
 pods use memory, end and are deleted, and time passes. In the ``lag`` world
 kubelet frees a pod's replicas when its containers end, before its report and
 the API show it; in ``strict`` it frees them when the watch shows the pod gone.
+In the ``numa`` world kubelet's Topology Manager is on: a pod's replicas come
+from the lowest NUMA node with room for them (devicemanager filterByAffinity),
+spread over that node's GPUs only; a GPU with no NUMA node is used only when
+no NUMA node has room; the agent reports each GPU's node from its start.
 
 After every step, on every GPU, the memory the pods kubelet holds there
 declare is no more than the extender charges that GPU, and no more than the GPU
@@ -70,15 +74,28 @@ class Node:
     pods: dict[str, Pod] = field(default_factory=dict)
     in_flight: Object | None = None
     carried: dict[int, GPUUsage] = field(default_factory=dict)
+    numa: list[int | None] | None = None
+    """Each GPU's NUMA node with the Topology Manager on; None: it is off."""
 
     def allocated(self, gpu: int) -> int:
         return sum(p.gpus.count(gpu) for p in self.pods.values() if not p.ended)
 
+    def offered(self, pod: Pod) -> list[int]:
+        """The GPUs kubelet offers the device plugin for ``pod``."""
+        if self.numa is None:
+            return list(range(self.gpus))
+        for node in sorted({n for n in self.numa if n is not None}):
+            on = [g for g in range(self.gpus) if self.numa[g] == node]
+            if sum(self.replicas - self.allocated(g) for g in on) >= pod.replicas:
+                return on
+        return list(range(self.gpus))
+
     def allocate(self, pod: Pod, rng: random.Random) -> None:
         chosen: list[int] = []
+        offered = self.offered(pod)
         for _ in range(pod.replicas):
             count = {g: self.allocated(g) + chosen.count(g) for g in range(self.gpus)}
-            free = [g for g in range(self.gpus) if count[g] < self.replicas]
+            free = [g for g in offered if count[g] < self.replicas]
             if not free:
                 return  # kubelet refuses the pod: it holds nothing
             fewest = min(count[g] for g in free)
@@ -105,6 +122,7 @@ class Node:
                 used_bytes=used,
                 free_bytes=total - used,
                 pods=pods,
+                numa_node=None if self.numa is None else self.numa[g],
             )
             last = self.carried.get(g)
             if rng.random() < 0.05:  # NVML cannot read it: the agent carries its last figures
@@ -115,6 +133,7 @@ class Node:
                     used_bytes=last.used_bytes if last else 0,
                     free_bytes=last.free_bytes if last else 0,
                     pods=list(last.pods) if last else [],
+                    numa_node=last.numa_node if last else None,
                     error="NVML_ERROR_UNKNOWN",
                 )
             else:
@@ -147,7 +166,7 @@ def fresh(state: ClusterState, name: str) -> NodeAccount:
 
 
 class Storm:
-    def __init__(self, seed: int, lag: bool) -> None:
+    def __init__(self, seed: int, lag: bool, numa: bool = False) -> None:
         self.rng = rng = random.Random(seed)
         self.lag = lag
         self.clock = Clock()
@@ -155,6 +174,9 @@ class Storm:
         self.nodes: dict[str, Node] = {}
         for i in range(rng.randint(1, 3)):
             node = Node(f"n{i}", rng.randint(2, 8), rng.randint(2, 6), rng.choice([16384, 40960]))
+            if numa:
+                width = rng.choice([1, 2, 4])
+                node.numa = [None if rng.random() < 0.1 else g // width for g in range(node.gpus)]
             self.nodes[node.name] = node
             self.state.on_node(
                 "ADDED",
@@ -162,6 +184,8 @@ class Storm:
                     node.name, gpus=node.gpus, memory_mib=node.memory_mib, replicas=node.replicas
                 ),
             )
+            if numa:  # the agent reports before the first pod: its GPUs' NUMA nodes
+                self.state.on_report("ADDED", node.report(self.clock.now, rng))
         self.sizes = [rng.choice([1, 2, 3, 5, 8, 10, 13, 15, 20]) * GIB // rng.choice([1, 2])] * 2
         self.sizes += [rng.choice([1, 2, 3, 5, 8, 10, 13, 15, 20]) * GIB // 2 for _ in range(4)]
         self.count = 0
@@ -273,10 +297,14 @@ class Storm:
                     assert fit(account, claim).fits, f"{node.name} {need / GIB}Gi"
 
 
-@pytest.mark.parametrize("lag", [False, True], ids=["strict", "lag"])
-def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(lag: bool) -> None:
+@pytest.mark.parametrize(
+    ("lag", "numa"),
+    [(False, False), (True, False), (True, True)],
+    ids=["strict", "lag", "lag-numa"],
+)
+def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(lag: bool, numa: bool) -> None:
     for seed in range(SEEDS):
-        storm = Storm(seed, lag)
+        storm = Storm(seed, lag, numa)
         for _ in range(STEPS):
             storm.step()
             try:

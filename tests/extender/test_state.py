@@ -369,6 +369,30 @@ def test_a_multi_replica_trial_is_worked_out_once_per_node_until_it_changes(
     assert len(worked) == 4  # both worked out anew
 
 
+@pytest.mark.parametrize(
+    ("numa", "second"),
+    [(None, True), ({0: 0, 1: 0}, True), ({0: 0, 1: 1}, False), ({0: 0}, False)],
+    ids=["not-reported", "one-numa-node", "two-numa-nodes", "one-unknown"],
+)
+def test_the_spread_bound_counts_on_a_gpu_only_for_its_own_numa_node(
+    numa: dict[int, int] | None, second: bool
+) -> None:
+    # Two 40 GiB GPUs. kubelet's Topology Manager (any policy but none) offers the
+    # device plugin the replicas of the lowest NUMA node with one free: with each GPU
+    # on its own node, two 30 GiB pods bound before a report locates them both land
+    # on GPU 0 (60 GiB declared against 39.5 usable), where the bound over both
+    # GPUs charged each GPU 30. A GPU the report gives no node stands alone too.
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}, numa=numa))
+    fits = []
+    for name in ("p0", "p1"):
+        pod = gpu_pod(name, declared="30Gi")
+        state.on_pod("ADDED", pod)
+        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    assert fits == [True, second]
+
+
 def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     # The pod watch breaks and the informer re-lists. A pod created and deleted in
     # the gap was never seen: it may have held a GPU's count up while others were
