@@ -116,6 +116,13 @@ def _kubepods_dirs() -> list[Path]:
     return [path for path in found if path.is_dir()]
 
 
+def _below(top: Path) -> list[Path]:
+    """Every cgroup directory under ``top`` (not ``top``). A container's cgroup that
+    goes away while this walks (it exits, kubelet restarts it) is skipped, where
+    ``Path.rglob`` raises FileNotFoundError (a fresh-clone CI run failed so)."""
+    return [Path(root) / name for root, dirs, _ in os.walk(top) for name in dirs]
+
+
 def _in_pods(path: Path, top: Path, wanted: set[str] | None) -> bool:
     """``path`` is inside one of the ``wanted`` pod cgroups (any pod's, for None)."""
     return wanted is None or not wanted.isdisjoint(path.relative_to(top).parts)
@@ -134,9 +141,9 @@ def pod_processes(pod_uids: Iterable[str] | None = None) -> set[int]:
     return {
         pid
         for top in _kubepods_dirs()
-        for procs in top.rglob("cgroup.procs")
-        if _in_pods(procs, top, wanted)
-        for pid in _pids(procs)
+        for directory in [top, *_below(top)]
+        if _in_pods(directory, top, wanted)
+        for pid in _pids(directory / "cgroup.procs")
     }
 
 
@@ -330,9 +337,7 @@ def remove_cgroups(pod_uids: Iterable[str]) -> None:
     only an empty cgroup (another kubelet's pods keep theirs)."""
     wanted = _pod_cgroups(pod_uids)
     for top in _kubepods_dirs():
-        directories = sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        )
+        directories = sorted(_below(top), key=lambda p: len(p.parts), reverse=True)
         pods = [p for p in directories if _in_pods(p, top, wanted)]
         skeleton = [
             p

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,6 +206,25 @@ def test_pod_processes_are_those_of_the_pods_named(
     assert nodehost.pod_processes([UID]) == {4100, 4230, 4231}
     assert nodehost.pod_processes([]) == set()
     assert nodehost.pod_processes() == {4100, 4230, 4231, 5000}
+
+
+def test_a_container_cgroup_gone_while_walked_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh-clone CI run: a container exited between listing its pod's cgroup and
+    # reading its own, and Path.rglob raised FileNotFoundError out of the teardown check.
+    monkeypatch.setattr(nodehost, "CGROUP_ROOT", tmp_path)
+    _cgroup(tmp_path, "besteffort", f"pod{UID}", "a" * 64, pids="4100\n")
+    leaving = _cgroup(tmp_path, "besteffort", f"pod{UID}", "b" * 64, pids="4200\n")
+    scandir = os.scandir
+
+    def exits_first(path: Any) -> Any:
+        if isinstance(path, str | Path) and Path(path) == leaving and leaving.exists():
+            shutil.rmtree(leaving)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", exits_first)
+    assert nodehost.pod_processes([UID]) == {4100}
 
 
 def test_only_our_pods_cgroups_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
