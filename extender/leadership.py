@@ -188,7 +188,11 @@ class Leadership:
             return None
         if now - self._warned > 60:
             self._warned = now
-            log.warning("%s (is --leader-lease the lease this kube-scheduler elects by?)", why)
+            if self.since is None and self.last_holder is not None:
+                # A standby: another replica's scheduler leads. Not a misconfiguration.
+                log.info("%s (standby)", why)
+            else:
+                log.warning("%s (is --leader-lease the lease this kube-scheduler elects by?)", why)
         return why
 
     def path(self) -> str | None:

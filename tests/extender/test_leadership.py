@@ -200,6 +200,26 @@ def test_a_lease_this_scheduler_re_creates_waits_for_nothing() -> None:
     assert leadership.waiting() is None
 
 
+def test_a_standby_says_so_and_a_lease_nobody_holds_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two replicas: the standby's extender refuses while the other leads, and once a
+    # minute it says why. That is the normal state of a standby, not a warning; a
+    # lease nobody is seen holding (a --leader-lease that names another) is.
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    clock.now += SETTLE
+    with caplog.at_level("INFO", logger="extender.leadership"):
+        assert leadership.waiting() is not None
+        leadership.on_lease("ADDED", lease("scheduler-a_0f8e", 3, renewed=clock.now))
+        clock.now += 61
+        assert leadership.waiting() is not None
+    levels = [(r.levelname, "standby" in r.getMessage()) for r in caplog.records]
+    assert ("WARNING", False) in levels  # held by nobody: is the lease the right one?
+    assert levels[-1] == ("INFO", True)
+    assert [lvl for lvl, _ in levels].count("WARNING") == 1
+
+
 def test_a_lease_held_by_a_lookalike_is_not_ours() -> None:
     clock = Clock()
     leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
