@@ -333,7 +333,10 @@ def _measured(
     for uid, index in home.items():
         located_on.setdefault(index, []).append(uid)
     unlocated = [c for c in claims if c.shared and c.uid not in located]
-    limits = _spread(unlocated, shared_indices, located_on, history, now, node.confirmed, groups)
+    limits = _spread(
+        unlocated, shared_indices, located_on, history, now, node.confirmed, groups,
+        node.replicas_per_gpu,
+    )  # fmt: skip
     growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
     leavers: dict[int, list[int]] = {}
@@ -492,7 +495,10 @@ def _declared_only(
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
     shared = [c for c in claims if c.shared]
-    limits = _spread(shared, list(range(node.count)), {}, history, now, node.confirmed, groups)
+    limits = _spread(
+        shared, list(range(node.count)), {}, history, now, node.confirmed, groups,
+        node.replicas_per_gpu,
+    )  # fmt: skip
     gpus = []
     for index in range(node.count):
         total = node.memory_bytes
@@ -577,14 +583,20 @@ def _spread(
     now: float,
     confirmed: int,
     groups: Mapping[int, Hashable] | None = None,
+    per_gpu: int | None = None,
 ) -> Spread | None:
     """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
-    ``located`` lists the located pods per GPU. None without a history that
-    covers every unlocated pod's life on the node (headroom.spread), or with
+    ``located`` lists the located pods per GPU. The bound needs a history that
+    covers every unlocated pod's life on the node (headroom.spread), and no
     more shared GPUs than the node's label and device plugin both show
     (``confirmed``): the device plugin spreads pods over the GPUs it has, and
     counting a phantom one would put fewer on each real one than it can.
+
+    ``per_gpu`` (:attr:`NodeGPUs.replicas_per_gpu`), where known, caps every GPU
+    with or without the bound: it holds at most that many replicas at once, its
+    located pods still allocated among them. None where neither applies, and
+    with no ``history`` at all (``--device-plugin-policy unknown``: everywhere).
 
     A GPU's own located pods raise the level its newcomers must have reached,
     so they hold ``x_g`` down -- only while kubelet still holds them allocated.
@@ -599,32 +611,48 @@ def _spread(
     offers the device plugin only the GPUs of one NUMA node, so a GPU is bounded
     only by the GPUs of its own NUMA node; None: by every GPU.
     """
-    if len(shared_indices) < 2 or len(shared_indices) > confirmed or history is None:
+    if len(shared_indices) < 2:
         return None
     created = [c.created for c in unlocated]
-    if any(at is None or at < history.since for at in created):
-        return None
-    window = min((at for at in created if at is not None), default=now)
-    left: dict[int | None, int] = {}
-    for at, index in history.departures:
-        # Departures carry the extender's clock, creations the apiserver's: one a
-        # clock skew (the tolerance reports get) before the window still counts;
-        # more departures only ever charge more.
-        if at >= window - FUTURE_TOLERANCE_SECONDS:
-            left[index] = left.get(index, 0) + 1
-    bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
+    bounded = (
+        len(shared_indices) <= confirmed
+        and history is not None
+        and all(at is not None and at >= history.since for at in created)
+    )
+    if history is None or (not bounded and per_gpu is None):
+        return None  # no history kept: the device plugin's policy is unknown
     replicas = sum(c.shared for c in unlocated)
-    anywhere = left.get(None, 0)
+    bounds: dict[int, int] = {}
+    anywhere = 0
+    if bounded and history is not None:
+        window = min((at for at in created if at is not None), default=now)
+        left: dict[int | None, int] = {}
+        for at, index in history.departures:
+            # Departures carry the extender's clock, creations the apiserver's: one a
+            # clock skew (the tolerance reports get) before the window still counts;
+            # more departures only ever charge more.
+            if at >= window - FUTURE_TOLERANCE_SECONDS:
+                left[index] = left.get(index, 0) + 1
+        bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
+        anywhere = left.get(None, 0)
 
     most: dict[int, tuple[int, ...]] = {}
     more: dict[int, tuple[int, ...]] = {}
     for g in shared_indices:
         own = len(located.get(g, ()))
-        peers = bounds
-        if groups is not None:
-            peers = {h: c for h, c in bounds.items() if groups.get(h, h) == groups.get(g, g)}
-        most[g] = most_with_gone(g, replicas, peers, anywhere, own)
-        more[g] = most_with_gone(g, replicas + 1, peers, anywhere, own, least=most[g])
+        if bounded:
+            peers = bounds
+            if groups is not None:
+                peers = {h: c for h, c in bounds.items() if groups.get(h, h) == groups.get(g, g)}
+            most[g] = most_with_gone(g, replicas, peers, anywhere, own)
+            more[g] = most_with_gone(g, replicas + 1, peers, anywhere, own, least=most[g])
+        else:
+            most[g], more[g] = (replicas,) * (own + 1), (replicas + 1,) * (own + 1)
+        if per_gpu is not None:
+            # No GPU holds more than its replicas at once: with j of its own located
+            # pods freed, per_gpu - (own - j) for the unlocated (the new pod included).
+            most[g] = tuple(min(x, max(0, per_gpu - own + j)) for j, x in enumerate(most[g]))
+            more[g] = tuple(min(x, max(0, per_gpu - own + j)) for j, x in enumerate(more[g]))
     return Spread(now=most, next=more)
 
 

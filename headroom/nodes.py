@@ -51,6 +51,10 @@ class NodeGPUs:
     replicas: int = 1
     shared_capacity: int = 0
     """Capacity of ``nvidia.com/gpu.shared`` (GPUs x replicas)."""
+    replicas_per_gpu: int | None = None
+    """The replicas the device plugin gives each GPU, where GFD's count and replicas
+    labels and the device plugin's capacity agree exactly on a node without MIG: no GPU
+    holds more pods than that at once (headroom.spread). None: not known for sure."""
     mig: Mapping[str, MigSlices] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     """Why a value above is a conservative stand-in, for filter reasons and ``top``."""
@@ -95,6 +99,10 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
         count = confirmed = 1
         problems.append(f"label {names.LABEL_COUNT} missing or not a number; assuming 1 GPU")
 
+    # Two components, GFD and the device plugin, agreeing exactly on every GPU.
+    consistent = labelled_replicas and labelled and not mig and not problems
+    per_gpu = labelled_replicas if consistent and labelled * labelled_replicas == shared else None
+
     memory = _count(labels.get(names.LABEL_MEMORY_MIB)) * MIB
     if count and not memory:
         problems.append(f"label {names.LABEL_MEMORY_MIB} missing or not a number")
@@ -107,6 +115,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
         memory_bytes=memory,
         replicas=replicas,
         shared_capacity=shared,
+        replicas_per_gpu=per_gpu,
         mig=mig,
         problems=tuple(problems),
     )

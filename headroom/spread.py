@@ -44,6 +44,11 @@ charges each GPU the largest ``x_g`` of the unlocated single-replica pods
 departures: without their history (an extender restarted after the pod was
 created) the pod is charged everywhere, as before.
 
+A GPU holds at most its replicas ``R`` at once, its
+located pods still allocated among them: ``x_g <= R - o_g``, taken where the
+node's labels and the device plugin's capacity agree on ``R``
+(``headroom.nodes.NodeGPUs.replicas_per_gpu``), with the history or without.
+
 kubelet's Topology Manager, when on, offers the plugin only one NUMA node's
 replicas (the lowest with one free, for a one-replica pod): the allocator then
 picks the fewest among that node's GPUs only, so the argument holds per NUMA

@@ -8,7 +8,7 @@ import pytest
 
 import extender.state
 from extender.state import ClusterState
-from headroom import accounting
+from headroom import accounting, names
 from headroom.accounting import NodeAccount
 from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
@@ -256,12 +256,19 @@ def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() ->
     for i in range(8, 15):
         state.on_pod("ADDED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
     assert tightest(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
-    # An extender started after the pods were created knows no departures: everywhere.
+    # An extender started after the pods were created knows no departures: any of
+    # them on any GPU, as many as a GPU has replicas (4): its four largest.
     later = ClusterState(margin=MARGIN, stale_after=90.0, clock=lambda: clock.now + 3600)
     later.on_node("ADDED", gpu_node("gpu-a", gpus=8))
-    for i in range(8):
-        later.on_pod("ADDED", gpu_pod(f"q{i}", node="gpu-a", declared="4Gi"))
-    assert tightest(later) == 40 * GIB - 8 * 4 * GIB - MARGIN
+    for i, size in enumerate(("4Gi",) * 6 + ("5Gi", "6Gi")):
+        later.on_pod("ADDED", gpu_pod(f"q{i}", node="gpu-a", declared=size))
+    assert tightest(later) == 40 * GIB - (6 + 5 + 4 + 4) * GIB - MARGIN
+    # Where the labels and the device plugin's capacity disagree on the replicas,
+    # nothing caps a GPU: all eight on every one.
+    node = gpu_node("gpu-a", gpus=8)
+    node["status"]["capacity"][names.GPU_SHARED] = "64"
+    later.on_node("MODIFIED", node)
+    assert tightest(later) == 40 * GIB - (6 * 4 + 5 + 6) * GIB - MARGIN
     assert headroom(later) == tightest(later)
 
 
@@ -403,7 +410,7 @@ def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     assert tightest(state) == 40 * GIB - 8 * GIB - MARGIN  # one per GPU
     clock.now += 30
     state.on_pod_resync()
-    assert tightest(state) == 40 * GIB - 8 * 8 * GIB - MARGIN
+    assert tightest(state) == 40 * GIB - 4 * 8 * GIB - MARGIN  # four replicas a GPU
     later = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
     later.on_node("ADDED", gpu_node("gpu-a", gpus=8))
     later.on_pod_resync()  # the first list: history starts once it is complete

@@ -86,3 +86,17 @@ def test_malformed_node_never_raises() -> None:
         node = parse_node(obj)
         assert node.count >= 0
         assert node.shared_capacity >= 0
+
+
+def test_replicas_per_gpu_only_where_the_labels_and_the_device_plugin_agree() -> None:
+    # The cap on what one GPU can hold (headroom.spread) is only as good as R: it is
+    # taken where GFD's count and replicas labels and the device plugin's capacity
+    # agree exactly, and on a node without MIG (whose GPUs the count label also counts).
+    assert parse_node(gpu_node("n", gpus=8, replicas=4)).replicas_per_gpu == 4
+    relabelled = gpu_node("n", gpus=8, replicas=4)
+    relabelled["status"]["capacity"]["nvidia.com/gpu.shared"] = "64"  # the plugin has 8
+    assert parse_node(relabelled).replicas_per_gpu is None
+    unlabelled = gpu_node("n", gpus=8, replicas=4)
+    del unlabelled["metadata"]["labels"]["nvidia.com/gpu.replicas"]
+    assert parse_node(unlabelled).replicas_per_gpu is None
+    assert parse_node(gpu_node("n", gpus=2, mig={"1g.5gb": 7})).replicas_per_gpu is None
