@@ -105,6 +105,9 @@ class ClusterState:
         """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
         self._accounts: dict[str, NodeAccount] = {}
         self._trials: dict[str, dict[Hashable, Fit]] = {}
+        self._replicas_seen: dict[str, int] = {}
+        """Node -> the most replicas per GPU it has offered since this extender started
+        (:attr:`NodeGPUs.replicas_per_gpu`)."""
         """Node -> a pending multi-replica pod's shape -> :meth:`fit`'s trial answer,
         dropped with the node's account."""
         self.shared_headroom: dict[str, int] = {}
@@ -146,6 +149,12 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
         else:
+            if node.replicas_per_gpu is not None:
+                # Fewer replicas configured leave the pods kubelet allocated before on
+                # the old ones: a GPU is capped by the most it has been seen to offer.
+                most = max(node.replicas_per_gpu, self._replicas_seen.get(node.name, 0))
+                self._replicas_seen[node.name] = most
+                node = replace(node, replicas_per_gpu=most)
             self.nodes[node.name] = node
         self._touch(node.name)
 
@@ -635,6 +644,7 @@ class ClusterState:
             # good reading and the departures its spread bound counts on.
             self.last_good.pop(node, None)
             self.departures.pop(node, None)
+            self._replicas_seen.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
         self._trials.pop(node, None)

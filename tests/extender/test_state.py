@@ -400,6 +400,22 @@ def test_the_spread_bound_counts_on_a_gpu_only_for_its_own_numa_node(
     assert fits == [True, second]
 
 
+def test_replicas_cut_while_pods_run_cap_a_gpu_by_the_most_it_offered() -> None:
+    # Time-slicing reconfigured from 8 replicas to 4: the device plugin restarts and
+    # the labels follow, but kubelet keeps the pods it allocated on the old replicas.
+    # Eight 4 GiB pods not located yet may all be on one GPU still; capped at the new
+    # 4, the GPU would be charged 16 GiB where 32 can be.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=8))
+    clock.now += 3600  # no history covers the pods: only the cap bounds them
+    state.on_pod_resync()
+    for i in range(8):
+        state.on_pod("ADDED", gpu_pod(f"p{i}", node="gpu-a", declared="4Gi"))
+    assert tightest(state) == 40 * GIB - 8 * 4 * GIB - MARGIN
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    assert tightest(state) == 40 * GIB - 8 * 4 * GIB - MARGIN
+
+
 def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     # The pod watch breaks and the informer re-lists. A pod created and deleted in
     # the gap was never seen: it may have held a GPU's count up while others were
