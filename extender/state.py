@@ -60,6 +60,10 @@ PENDING_MEMORY = 10_000
 """Pods remembered from filter requests, for a bind that outruns the pod watch."""
 
 
+LINGER_ALLOWANCE_SECONDS = 30.0
+"""Beyond a pod's grace period, how long kubelet may take to kill what is left and
+release its devices, and its agent to report it (a report's clock tolerance)."""
+
 TRIALS_KEPT = 16
 """Multi-replica pod shapes whose trial answers are kept per node."""
 
@@ -215,7 +219,12 @@ class ClusterState:
         if not claim.uid:
             return
         if kind == "DELETED" or claim.terminated or not self._interesting(claim, obj):
-            self._drop(claim.uid)
+            # Deleted before kubelet reported it stopped (kubectl delete --force, the
+            # pod GC): kubelet keeps its replicas while it stops the containers, up
+            # to the grace period, and the allocator counts them; so its departure
+            # counts as that much later (headroom.spread: more only charges more).
+            late = kind == "DELETED" and not claim.terminated and not _stopped(obj)
+            self._drop(claim.uid, linger=claim.grace + LINGER_ALLOWANCE_SECONDS if late else 0.0)
             return
         if self.pods.get(claim.uid) == claim:
             # Nothing an account reads has changed (kubelet's status: Running,
@@ -563,13 +572,13 @@ class ClusterState:
     def _interesting(self, claim: PodClaim, obj: Mapping[str, Any]) -> bool:
         return claim.wants_gpu or has_headroom_annotations(obj)
 
-    def _drop(self, uid: str, *, keep_pending: bool = False) -> None:
+    def _drop(self, uid: str, *, keep_pending: bool = False, linger: float = 0.0) -> None:
         old = self.pods.pop(uid, None)
         if old is not None and old.node:
             if not keep_pending:
                 self.on_room(old.node)
                 if old.shared:
-                    self._departed(old)
+                    self._departed(old, linger=linger)
             on_node = self._on_node.get(old.node, {})
             on_node.pop(uid, None)
             if not on_node:
@@ -581,15 +590,16 @@ class ClusterState:
             for node, (held, *_) in self.assumed.get(uid, {}).items():
                 # A bind may have landed and kubelet allocated it: it left some GPU.
                 if held.shared and (old is None or old.node != node):
-                    self._departed(held, located=False)
+                    self._departed(held, located=False, linger=linger)
             self.forget(uid)
 
-    def _departed(self, claim: PodClaim, *, located: bool = True) -> None:
-        """Remember where a shared pod left from: its GPU if the report located it."""
+    def _departed(self, claim: PodClaim, *, located: bool = True, linger: float = 0.0) -> None:
+        """Remember where a shared pod left from: its GPU if the report located it; as
+        ``linger`` seconds from now where kubelet may hold its replicas that long."""
         where = self._departure_gpu(claim) if located else None
         left = self.departures.setdefault(claim.node, deque())
-        now = self.clock()
-        left.extend([(now, where)] * claim.shared)
+        at = self.clock() + linger
+        left.extend([(at, where)] * claim.shared)
 
     def _departure_gpu(self, claim: PodClaim) -> int | None:
         """The GPU a shared pod leaving its node leaves: where the report placed it, or
@@ -667,6 +677,21 @@ def _trial_fit(claim: PodClaim, verdict: Fit, trial: NodeAccount | None) -> Fit:
         f"{claim.shared} replicas of {claim.need_text}, each GPU charged: beside them "
         f"more of the pods bound here and not located yet can share one GPU, and gpu "
         f"{fullest.index} would be {human_bytes(-fullest.headroom)} over",
+    )
+
+
+def _stopped(obj: Mapping[str, Any]) -> bool:
+    """Whether kubelet reported every container of the pod terminated (it then holds
+    none of the pod's device replicas), as a graceful deletion's last object shows."""
+    status = obj.get("status")
+    statuses = status.get("containerStatuses") if isinstance(status, Mapping) else None
+    if not isinstance(statuses, list) or not statuses:
+        return False
+    return all(
+        isinstance(s, Mapping)
+        and isinstance(s.get("state"), Mapping)
+        and "terminated" in s["state"]
+        for s in statuses
     )
 
 

@@ -42,6 +42,8 @@ from headroom.quantity import human_bytes
 Placement = Literal["binpack", "spread"]
 DEFAULT_PLACEMENT: Placement = "binpack"
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+DEFAULT_GRACE_SECONDS = 30.0
+"""``spec.terminationGracePeriodSeconds`` where a pod leaves it out (the API's default)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class PodClaim:
     created: float | None = None
     """``metadata.creationTimestamp`` in epoch seconds (None if absent or unreadable):
     no allocation of the pod's GPU can be older (headroom.spread)."""
+    grace: float = DEFAULT_GRACE_SECONDS
+    """``spec.terminationGracePeriodSeconds``: how long kubelet may take to stop the
+    pod's containers, holding its device replicas, after it is deleted."""
 
     @cached_property
     def key(self) -> str:
@@ -125,6 +130,11 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
     nominated = status.get("nominatedNodeName") or ""
     if not isinstance(nominated, str):
         raise PodError("status.nominatedNodeName: expected a string")
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is None:
+        grace = DEFAULT_GRACE_SECONDS
+    elif not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
+        raise PodError("spec.terminationGracePeriodSeconds: expected a whole number >= 0")
 
     if earlier is not None and uid and earlier.uid == uid:
         shared, mig, declared = earlier.shared, earlier.mig, earlier.declared
@@ -158,6 +168,7 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
         labels=string_map(metadata, "labels", "metadata.labels"),
         nominated=nominated,
         created=created,
+        grace=float(grace),
     )
 
 

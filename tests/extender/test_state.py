@@ -416,6 +416,44 @@ def test_replicas_cut_while_pods_run_cap_a_gpu_by_the_most_it_offered() -> None:
     assert tightest(state) == 40 * GIB - 8 * 4 * GIB - MARGIN
 
 
+@pytest.mark.parametrize(
+    ("containers", "second"),
+    [("running", False), ("terminated", True)],
+    ids=["force-deleted", "deleted-once-stopped"],
+)
+def test_a_pod_deleted_before_kubelet_stopped_it_still_counts_on_its_gpu(
+    containers: str, second: bool
+) -> None:
+    # Two 40 GiB GPUs. P (2 GiB, a 300 s grace period) is located on GPU 1 and
+    # force-deleted (kubectl delete --force): the API, the extender and the agent's
+    # pod cache forget it at once, kubelet keeps its replica while the containers
+    # stop. 60 s later A and B (25 GiB) arrive: the allocator sees GPU 0 at 0, GPU 1
+    # at 1, puts A on GPU 0, then breaks the 1:1 tie towards GPU 0 too -- 50 GiB on
+    # 40. P's departure counts until its grace is over; a pod whose containers kubelet
+    # reported terminated released its replica (a review's case).
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    p = gpu_pod("p", node="gpu-a", declared="2Gi", phase="Running")
+    p["spec"]["terminationGracePeriodSeconds"] = 300
+    p["status"]["containerStatuses"] = [{"name": "main", "state": {containers: {}}}]
+    state.on_pod("ADDED", p)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {uid_of(p): 2 * GIB}}))
+    clock.now += 5
+    state.on_pod("DELETED", p)
+    clock.now += 60
+    late = EPOCH + timedelta(seconds=65)
+    state.on_report(
+        "MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, unattributed={1: 2 * GIB}, at=late)
+    )
+    fits = []
+    for name in ("a", "b"):
+        pod = gpu_pod(name, declared="25Gi")
+        pod["metadata"]["creationTimestamp"] = late.isoformat().replace("+00:00", "Z")
+        state.on_pod("ADDED", pod)
+        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    assert fits == [True, second]
+
+
 def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     # The pod watch breaks and the informer re-lists. A pod created and deleted in
     # the gap was never seen: it may have held a GPU's count up while others were

@@ -229,3 +229,13 @@ def test_an_earlier_claim_of_another_uid_is_not_reused() -> None:
     no_uid = gpu_pod("p", declared="20Gi", uid="u-1")
     no_uid["metadata"]["uid"] = ""
     assert parse_claim(no_uid, first).declared == 20 * 2**30
+
+
+def test_the_grace_period_is_read_and_a_malformed_one_named() -> None:
+    pod = gpu_pod("p", declared="2Gi")
+    assert parse_claim(pod).grace == 30.0  # the API's default where it is left out
+    pod["spec"]["terminationGracePeriodSeconds"] = 300
+    assert parse_claim(pod).grace == 300.0
+    pod["spec"]["terminationGracePeriodSeconds"] = "300"
+    with pytest.raises(PodError, match=r"spec\.terminationGracePeriodSeconds"):
+        parse_claim(pod)
