@@ -88,6 +88,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._closing = asyncio.Event()
+        self.closed = 0
+        """ListAndWatch streams this plugin ended itself (:meth:`close_streams`), as
+        against cancelled by the server stopping."""
 
     def close_streams(self) -> None:
         """End every ListAndWatch stream (NVIDIA closes ``plugin.stop``), so
@@ -110,6 +113,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         log.info("ListAndWatch: advertising %d %s replicas", len(devices), RESOURCE_NAME)
         yield pb.ListAndWatchResponse(devices=devices)
         await closing.wait()
+        self.closed += 1
 
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: Context

@@ -250,17 +250,24 @@ async def test_the_stream_stays_open_and_ends_when_the_plugin_stops(
     endpoint = Paths(kubelet_dir).socket
     async with aio.insecure_channel(f"unix://{endpoint}") as channel:
         stub = pb_grpc.DevicePluginStub(channel)
-        async with running(kubelet_dir):
+        async with running(kubelet_dir) as server:
             await kubelet.registration.registrations(1)
             stream = stub.ListAndWatch(pb.Empty())
             await stream.read()
             read = asyncio.ensure_future(stream.read())
             done, _ = await asyncio.wait([read], timeout=0.3)
             assert not done, "ListAndWatch ended while the plugin runs"
-        # the plugin stopped: kubelet sees the stream end (NVIDIA closes plugin.stop)
+        # The plugin stopped: it ended the stream itself (NVIDIA closes plugin.stop), not
+        # the server's stop cancelling it. kubelet sees the end: the status, or, where the
+        # socket closed right behind it, the transport gone (a fresh-clone CI run saw
+        # "Stream removed (sendmsg: Broken pipe)"): either way, the plugin is gone.
+        assert server.plugin.closed == 1
         async with asyncio.timeout(5):
-            assert await read is aio.EOF
-        assert await stream.code() == grpc.StatusCode.OK
+            try:
+                ended: object = await read
+            except aio.AioRpcError as error:
+                ended = error.code()
+        assert ended is aio.EOF or ended == grpc.StatusCode.UNAVAILABLE, ended
 
 
 async def test_preferred_allocation_spreads_over_the_gpus(
