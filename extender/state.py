@@ -109,11 +109,11 @@ class ClusterState:
         """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
         self._accounts: dict[str, NodeAccount] = {}
         self._trials: dict[str, dict[Hashable, Fit]] = {}
+        """Node -> a pending multi-replica pod's shape -> :meth:`fit`'s trial answer,
+        dropped with the node's account."""
         self._replicas_seen: dict[str, int] = {}
         """Node -> the most replicas per GPU it has offered since this extender started
         (:attr:`NodeGPUs.replicas_per_gpu`)."""
-        """Node -> a pending multi-replica pod's shape -> :meth:`fit`'s trial answer,
-        dropped with the node's account."""
         self.shared_headroom: dict[str, int] = {}
         """Node -> headroom for a shared pod, for every cached account: the filter's index."""
         self.shared_room: dict[str, tuple[int, int]] = {}
@@ -282,19 +282,6 @@ class ClusterState:
             heapq.heappush(self._stale_heap, (account.stale_at, name))
         return account
 
-    def account_without(self, name: str, uid: str) -> NodeAccount | None:
-        """The node's account as if pod ``uid`` were not on it (not cached)."""
-        return self._work_out(name, skip={uid})
-
-    def account_after(
-        self, name: str, gone: Collection[str], *, horizon: float = 0.0
-    ) -> NodeAccount | None:
-        """The node's account as if the pods ``gone`` had left it, each departure
-        recorded as the watch would record it (not cached): what preemption frees.
-        ``horizon``: seconds ahead the account must still hold (the victims' grace
-        period), as far as the departure history is concerned."""
-        return self._work_out(name, skip=set(gone), gone=gone, horizon=horizon)
-
     def _work_out(
         self,
         name: str,
@@ -370,8 +357,7 @@ class ClusterState:
         replicas also let more of the unlocated single-replica pods already there
         come together on one GPU (headroom.spread): it fits only if every GPU has
         room in the account worked out with it. That trial account is worked out
-        once per node and pod shape until an event touches the node
-        (:meth:`_trial`).
+        once per node and pod shape until an event touches the node (``_trials``).
         """
         skip = {*gone} | ({without} if without is not None else set())
         if skip or horizon:
