@@ -658,8 +658,9 @@ def _spread(
 
 def numa_groups(count: int, reports: Iterable[ReportStatus]) -> dict[int, Hashable] | None:
     """Which of the node's GPUs kubelet may offer the device plugin together: GPU index
-    -> a key equal for GPUs on one NUMA node by every report that says; None where no
-    report gives a NUMA node (one group: the Topology Manager cannot filter by it).
+    -> a key equal for GPUs on one NUMA node by every report that says; None where the
+    reports give no NUMA node (one group: the Topology Manager cannot filter by it);
+    with no report at all (a node its agent has not reported yet), every GPU alone.
 
     kubelet's Topology Manager (any policy but the default ``none``) asks for one
     NUMA node's devices first (devicemanager ``filterByAffinity``): a one-replica pod
@@ -669,6 +670,9 @@ def numa_groups(count: int, reports: Iterable[ReportStatus]) -> dict[int, Hashab
     (none, or not read) while others have one is bounded by no other. Grouping
     GPUs apart only loosens the bound, so this holds with the Topology Manager off.
     """
+    reports = list(reports)
+    if not reports:
+        return {index: ("alone", index) for index in range(count)}
     keys: dict[int, tuple[object, ...]] = dict.fromkeys(range(count), ())
     told = False
     for report in reports:

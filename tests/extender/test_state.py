@@ -206,7 +206,10 @@ def tightest(state: ClusterState) -> int:
 
 
 def eight_gpu_node_with(state: ClusterState, count: int, declared: str = "8Gi") -> list[str]:
+    """An 8-GPU node whose agent has reported (no NUMA node: one group), and ``count``
+    pods bound to it that no report locates yet."""
     state.on_node("ADDED", gpu_node("gpu-a", gpus=8))
+    state.on_report("ADDED", gpu_report("gpu-a", {g: {} for g in range(8)}))
     uids = []
     for i in range(count):
         pod = gpu_pod(f"p{i}", node="gpu-a", declared=declared)
@@ -349,6 +352,7 @@ def test_a_multi_replica_trial_is_worked_out_once_per_node_until_it_changes(
     # the same 30 s share the answer; an event on the node drops it.
     state, _ = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a", gpus=3, memory_mib=16384))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}, total_mib=16384))
     for name, declared in (("a", "10Gi"), ("b", "6Gi")):
         state.on_pod("ADDED", gpu_pod(name, node="gpu-a", declared=declared))
     worked = []
@@ -398,6 +402,23 @@ def test_the_spread_bound_counts_on_a_gpu_only_for_its_own_numa_node(
         state.on_pod("ADDED", pod)
         fits.append(state.assume(state.parse(pod), "gpu-a").fits)
     assert fits == [True, second]
+
+
+def test_before_its_agent_reports_a_nodes_gpus_may_be_on_different_numa_nodes() -> None:
+    # A node just joined: no report yet says whether kubelet may offer its GPUs
+    # together. Each stands alone until one does: the two 30 GiB pods of the case
+    # above are not both admitted, and once an agent reports the GPUs without NUMA
+    # nodes (one group), the second fits.
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    fits = []
+    for name in ("p0", "p1"):
+        pod = gpu_pod(name, declared="30Gi")
+        state.on_pod("ADDED", pod)
+        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    assert fits == [True, False]
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}))
+    assert state.assume(state.parse(gpu_pod("p1", declared="30Gi")), "gpu-a").fits
 
 
 def test_replicas_cut_while_pods_run_cap_a_gpu_by_the_most_it_offered() -> None:
@@ -630,6 +651,7 @@ async def test_filter_refuses_a_two_replica_pod_where_its_replicas_would_crowd_a
     state = harness.state
     for name in ("gpu-a", "gpu-b"):
         state.on_node("ADDED", gpu_node(name, gpus=3, memory_mib=16384))
+        state.on_report("ADDED", gpu_report(name, {0: {}, 1: {}, 2: {}}, total_mib=16384))
     for name, declared in (("a", "10Gi"), ("b", "6Gi")):
         state.on_pod("ADDED", gpu_pod(name, node="gpu-a", declared=declared))
     args = {"Pod": gpu_pod("m", declared="5Gi", shared=2), "NodeNames": ["gpu-a", "gpu-b"]}
