@@ -23,6 +23,7 @@ nodes at once -- kube-scheduler retries a bind that timed out, maybe elsewhere
 lets only one binding land.
 """
 
+import bisect
 import heapq
 import logging
 import time
@@ -62,7 +63,8 @@ PENDING_MEMORY = 10_000
 
 LINGER_ALLOWANCE_SECONDS = 30.0
 """Beyond a pod's grace period, how long kubelet may take to kill what is left and
-release its devices, and its agent to report it (a report's clock tolerance)."""
+release its devices, and its agent to report it (a report's clock tolerance). A
+grace period is counted up to :data:`HISTORY_SECONDS`: the tenant sets it."""
 
 TRIALS_KEPT = 16
 """Multi-replica pod shapes whose trial answers are kept per node."""
@@ -224,7 +226,8 @@ class ClusterState:
             # to the grace period, and the allocator counts them; so its departure
             # counts as that much later (headroom.spread: more only charges more).
             late = kind == "DELETED" and not claim.terminated and not _stopped(obj)
-            self._drop(claim.uid, linger=claim.grace + LINGER_ALLOWANCE_SECONDS if late else 0.0)
+            linger = min(claim.grace, HISTORY_SECONDS) + LINGER_ALLOWANCE_SECONDS
+            self._drop(claim.uid, linger=linger if late else 0.0)
             return
         if self.pods.get(claim.uid) == claim:
             # Nothing an account reads has changed (kubelet's status: Running,
@@ -585,7 +588,10 @@ class ClusterState:
         where = self._departure_gpu(claim) if located else None
         left = self.departures.setdefault(claim.node, deque())
         at = self.clock() + linger
-        left.extend([(at, where)] * claim.shared)
+        for _ in range(claim.shared):
+            # In time order, so that history() prunes from the left: one stamped ahead
+            # must not keep every later departure from ever being forgotten.
+            bisect.insort(left, (at, where), key=lambda departure: departure[0])
 
     def _departure_gpu(self, claim: PodClaim) -> int | None:
         """The GPU a shared pod leaving its node leaves: where the report placed it, or

@@ -131,10 +131,10 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
     if not isinstance(nominated, str):
         raise PodError("status.nominatedNodeName: expected a string")
     grace = spec.get("terminationGracePeriodSeconds")
-    if grace is None:
+    if not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
+        # Never a refusal: a pod the watch ignored would go uncharged. The default
+        # only ever makes its departure count longer than a shorter grace would.
         grace = DEFAULT_GRACE_SECONDS
-    elif not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
-        raise PodError("spec.terminationGracePeriodSeconds: expected a whole number >= 0")
 
     if earlier is not None and uid and earlier.uid == uid:
         shared, mig, declared = earlier.shared, earlier.mig, earlier.declared

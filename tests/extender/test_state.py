@@ -475,6 +475,28 @@ def test_a_pod_deleted_before_kubelet_stopped_it_still_counts_on_its_gpu(
     assert fits == [True, second]
 
 
+def test_a_tenants_long_grace_period_keeps_no_departure_from_being_forgotten() -> None:
+    # The tenant sets terminationGracePeriodSeconds. A pod force-deleted with a year of
+    # grace counts as departing 10 minutes and 30 s on at most; and the departures after
+    # it are still forgotten once older than the history, not kept behind it forever.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    forced = gpu_pod("forced", node="gpu-a", declared="2Gi", phase="Running")
+    forced["spec"]["terminationGracePeriodSeconds"] = 365 * 86400
+    state.on_pod("ADDED", forced)
+    state.on_pod("DELETED", forced)
+    for i in range(3):
+        pod = gpu_pod(f"done{i}", node="gpu-a", declared="2Gi", phase="Running")
+        state.on_pod("ADDED", pod)
+        state.on_pod("MODIFIED", {**pod, "status": {"phase": "Succeeded"}})
+    start = clock.now
+    assert len(state.history("gpu-a").departures) == 4
+    clock.now += 700
+    assert [at for at, _ in state.history("gpu-a").departures] == [start + 630]
+    clock.now += 600
+    assert state.history("gpu-a").departures == ()
+
+
 def test_a_pod_re_list_forgets_the_history_a_watch_gap_may_have_cut() -> None:
     # The pod watch breaks and the informer re-lists. A pod created and deleted in
     # the gap was never seen: it may have held a GPU's count up while others were

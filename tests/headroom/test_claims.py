@@ -231,11 +231,13 @@ def test_an_earlier_claim_of_another_uid_is_not_reused() -> None:
     assert parse_claim(no_uid, first).declared == 20 * 2**30
 
 
-def test_the_grace_period_is_read_and_a_malformed_one_named() -> None:
+def test_the_grace_period_is_read_and_a_malformed_one_never_drops_the_pod() -> None:
     pod = gpu_pod("p", declared="2Gi")
     assert parse_claim(pod).grace == 30.0  # the API's default where it is left out
     pod["spec"]["terminationGracePeriodSeconds"] = 300
     assert parse_claim(pod).grace == 300.0
-    pod["spec"]["terminationGracePeriodSeconds"] = "300"
-    with pytest.raises(PodError, match=r"spec\.terminationGracePeriodSeconds"):
-        parse_claim(pod)
+    # A pod whose claim could not be parsed would be ignored by the watch, and its
+    # memory go uncharged: an odd grace period reads as the default instead.
+    for odd in ("300", -1, True):
+        pod["spec"]["terminationGracePeriodSeconds"] = odd
+        assert parse_claim(pod).grace == 30.0
