@@ -219,7 +219,13 @@ def account_node(
     """
     live = [c for c in claims if not c.terminated]
     source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
-    groups = numa_groups(node.count, (r for r in (report, last_good) if r is not None))
+    # Only a bound over several GPUs reads the groups (_spread): not worked out per
+    # account of a one-GPU node, most of a storm's.
+    groups = (
+        numa_groups(node.count, (r for r in (report, last_good) if r is not None))
+        if node.count > 1
+        else None
+    )
     if node.problems:
         note = "; ".join(filter(None, (note, *node.problems)))
     if report is not None and source == "report":
