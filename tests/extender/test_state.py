@@ -1,7 +1,7 @@
 """The cluster state: informer events, cached accounts, staleness over time, assumptions."""
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -380,6 +380,20 @@ def test_a_multi_replica_trial_is_worked_out_once_per_node_until_it_changes(
     assert len(worked) == 4  # both worked out anew
 
 
+def admit(
+    state: ClusterState, declared: str, *names: str, created: datetime | None = None
+) -> list[bool]:
+    """Pods ``names`` arriving one after another: whether each is held on gpu-a."""
+    fits = []
+    for name in names:
+        pod = gpu_pod(name, declared=declared)
+        if created is not None:
+            pod["metadata"]["creationTimestamp"] = created.isoformat().replace("+00:00", "Z")
+        state.on_pod("ADDED", pod)
+        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    return fits
+
+
 @pytest.mark.parametrize(
     ("numa", "second"),
     [(None, True), ({0: 0, 1: 0}, True), ({0: 0, 1: 1}, False), ({0: 0}, False)],
@@ -396,11 +410,7 @@ def test_the_spread_bound_counts_on_a_gpu_only_for_its_own_numa_node(
     state, _ = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
     state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}, numa=numa))
-    fits = []
-    for name in ("p0", "p1"):
-        pod = gpu_pod(name, declared="30Gi")
-        state.on_pod("ADDED", pod)
-        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    fits = admit(state, "30Gi", "p0", "p1")
     assert fits == [True, second]
 
 
@@ -411,11 +421,7 @@ def test_before_its_agent_reports_a_nodes_gpus_may_be_on_different_numa_nodes() 
     # nodes (one group), the second fits.
     state, _ = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
-    fits = []
-    for name in ("p0", "p1"):
-        pod = gpu_pod(name, declared="30Gi")
-        state.on_pod("ADDED", pod)
-        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    fits = admit(state, "30Gi", "p0", "p1")
     assert fits == [True, False]
     state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}))
     assert state.assume(state.parse(gpu_pod("p1", declared="30Gi")), "gpu-a").fits
@@ -466,12 +472,7 @@ def test_a_pod_deleted_before_kubelet_stopped_it_still_counts_on_its_gpu(
     state.on_report(
         "MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, unattributed={1: 2 * GIB}, at=late)
     )
-    fits = []
-    for name in ("a", "b"):
-        pod = gpu_pod(name, declared="25Gi")
-        pod["metadata"]["creationTimestamp"] = late.isoformat().replace("+00:00", "Z")
-        state.on_pod("ADDED", pod)
-        fits.append(state.assume(state.parse(pod), "gpu-a").fits)
+    fits = admit(state, "25Gi", "a", "b", created=late)
     assert fits == [True, second]
 
 
