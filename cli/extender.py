@@ -19,6 +19,7 @@ from typing import Any
 from cli.options import add_kubeconfig, duration, lease, memory, port
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 from headroom.names import HEADROOM_SCHEDULER
+from headroom.preemption import BUDGET_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,16 @@ def add_parser(subparsers: Any) -> None:
         "skips scoring and the prioritize call (default on; pods with preferred affinity or "
         "ScheduleAnyway spread always get every node that fits, scored by kube-scheduler)",
     )
+    parser.add_argument(
+        "--preempt-budget",
+        type=duration,
+        default=BUDGET_SECONDS,
+        metavar="DURATION",
+        help="how long the preempt verb may work out kube-scheduler's candidate nodes before "
+        "it answers with those checked (default 2s; keep it well below the extender's "
+        "httpTimeout in the KubeSchedulerConfiguration, 5s as shipped, past which "
+        "kube-scheduler fails the whole preemption)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -117,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         advertise_capacity=args.advertise_capacity,
         spread=args.device_plugin_policy == "distributed",
         choose=args.choose,
+        preempt_budget_seconds=args.preempt_budget,
         leader_lease=args.leader_lease,
     )
     try:

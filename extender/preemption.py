@@ -50,7 +50,7 @@ from headroom.accounting import NodeAccount
 from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import Budget, Evictee, parse_budget, protected, violations
 from headroom.podspec import PodError
-from headroom.preemption import GPURoom, Resident, victims_on_node
+from headroom.preemption import BUDGET_SECONDS, GPURoom, Resident, victims_on_node
 from kube.rest import Rest
 
 log = logging.getLogger(__name__)
@@ -169,12 +169,23 @@ def api_recorder(rest: Rest, *, timeout: float = 5.0) -> Recorder:
     return record
 
 
-def preempt(
+async def preempt(
     args: ExtenderPreemptionArgs,
     state: ClusterState,
     budgets: Mapping[str, Budget],
     offers: Offers | None = None,
+    *,
+    budget: float = BUDGET_SECONDS,
+    timer: Callable[[], float] = time.monotonic,
 ) -> ExtenderPreemptionResult:
+    """The candidate nodes kept, each with its victims.
+
+    Checked in two passes, the event loop free between nodes (filter, bind and the
+    watches go on meanwhile; each node is worked out from the cache as it is then):
+    first every node where kube-scheduler's own victims make room (one trial each),
+    then the nodes that need more, while ``budget`` seconds last. A node not checked
+    by then is left out, never answered unchecked, and the log says how many.
+    """
     if args.Pod is None:
         raise PreemptionError("Pod: missing (null)")
     try:
@@ -184,29 +195,80 @@ def preempt(
     proposed, counted = _proposed(args)
     kept: dict[str, MetaVictims] = {}
     pdbs = list(budgets.values())
-    for node, uids in proposed.items():
-        victims = _victims(preemptor, node, uids, state, pdbs)
-        if victims:
-            evictees = [_evictee(state, uid) for uid in victims]
-            if offers is not None:
-                offers.offer(preemptor, node, _explain(preemptor, node, victims, state))
-            kept[node] = MetaVictims(
-                Pods=[MetaPod(UID=uid) for uid in victims],
-                # A superset of kube-scheduler's victims violates at least what they
-                # did; its count also covers victims this cache does not hold.
-                NumPDBViolations=max(violations(evictees, pdbs), counted.get(node, 0)),
-            )
-        else:
-            log.info(
-                "preemption of %s: node %s dropped, no victims free a GPU", preemptor.key, node
-            )
+    started, visits, checked = timer(), 0, 0
+    deferred: list[tuple[str, list[str]]] = []
+
+    async def turn() -> bool:  # False: out of time
+        nonlocal visits
+        visits += 1
+        if visits > 1:
+            await asyncio.sleep(0)
+            if timer() - started > budget:
+                return False
+            state.prepare(state.clock())
+        return True
+
+    for quick in (True, False):
+        for node, uids in proposed.items() if quick else deferred:
+            if not await turn():
+                break
+            victims = _victims(preemptor, node, uids, state, pdbs, quick=quick)
+            if victims is None:
+                deferred.append((node, uids))
+                continue
+            checked += 1
+            if victims:
+                kept[node] = _keep(preemptor, node, victims, counted, state, pdbs, offers)
+            else:
+                log.info(
+                    "preemption of %s: node %s dropped, no victims free a GPU",
+                    preemptor.key,
+                    node,
+                )
+    if checked < len(proposed):
+        log.warning(
+            "preemption of %s: %d of %d candidate nodes left unchecked after %.1f s "
+            "(the verb's budget, below kube-scheduler's httpTimeout); %d offered",
+            preemptor.key,
+            len(proposed) - checked,
+            len(proposed),
+            timer() - started,
+            len(kept),
+        )
     return ExtenderPreemptionResult(NodeNameToMetaVictims=kept)
 
 
+def _keep(
+    preemptor: PodClaim,
+    node: str,
+    victims: list[str],
+    counted: Mapping[str, int],
+    state: ClusterState,
+    pdbs: list[Budget],
+    offers: Offers | None,
+) -> MetaVictims:
+    evictees = [_evictee(state, uid) for uid in victims]
+    if offers is not None:
+        offers.offer(preemptor, node, _explain(preemptor, node, victims, state))
+    return MetaVictims(
+        Pods=[MetaPod(UID=uid) for uid in victims],
+        # A superset of kube-scheduler's victims violates at least what they did;
+        # its count also covers victims this cache does not hold.
+        NumPDBViolations=max(violations(evictees, pdbs), counted.get(node, 0)),
+    )
+
+
 def _victims(
-    preemptor: PodClaim, node: str, given: list[str], state: ClusterState, pdbs: list[Budget]
-) -> list[str]:
-    """The victims on ``node`` (kube-scheduler's first), or [] to drop the node."""
+    preemptor: PodClaim,
+    node: str,
+    given: list[str],
+    state: ClusterState,
+    pdbs: list[Budget],
+    *,
+    quick: bool = False,
+) -> list[str] | None:
+    """The victims on ``node`` (kube-scheduler's first), or [] to drop the node;
+    ``quick``: None where kube-scheduler's victims do not suffice alone."""
     if not preemptor.shared or preemptor.mig or preemptor.legacy or preemptor.problem:
         return given
     account = state.account(node)
@@ -226,6 +288,8 @@ def _victims(
 
     if frees(chosen):
         return given
+    if quick:
+        return None
     picked, rest = _candidates(preemptor, node, account, chosen, state, pdbs)
     order = picked + rest
     if picked and frees(chosen | set(picked)):

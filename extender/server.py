@@ -137,7 +137,7 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
 
     async def preempt(body: bytes) -> Answered:
         try:
-            result = extender.preempt(parse(ExtenderPreemptionArgs, body))
+            result = await extender.preempt(parse(ExtenderPreemptionArgs, body))
         except NotJSON as err:
             return _error(str(err), 400), "not-json"
         except (BadShape, PreemptionError) as err:

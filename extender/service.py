@@ -20,6 +20,7 @@ from extender.state import ClusterState
 from extender.verbs import Extender
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
 from headroom.names import HEADROOM_SCHEDULER
+from headroom.preemption import BUDGET_SECONDS
 from kube.config import credentials
 from kube.informer import LIST_TIMEOUT_SECONDS
 from kube.rest import Rest
@@ -41,6 +42,8 @@ class Settings:
     """Bound unlocated pods by the device plugin's distributed policy (headroom.spread)."""
     choose: bool = True
     """Filter answers a GPU pod with the one node it scores best on (Extender._chosen)."""
+    preempt_budget_seconds: float = BUDGET_SECONDS
+    """How long the preempt verb may work (extender.preemption.BUDGET_SECONDS)."""
     leader_lease: str | None = None
     """``namespace/name`` of the scheduler's leader-election Lease (extender.leadership)."""
 
@@ -123,6 +126,7 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         budgets=budgets,
         offers=Offers(api_recorder(calls)),
         choose=settings.choose,
+        preempt_budget=settings.preempt_budget_seconds,
         waiting=leadership.waiting,
         starting=leadership.starting,
     )

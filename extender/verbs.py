@@ -31,6 +31,7 @@ from headroom.disruption import Budget
 from headroom.names import HEADROOM_SCHEDULER
 from headroom.placement import Fit, fit, score
 from headroom.podspec import PodError
+from headroom.preemption import BUDGET_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Extender:
         budgets: Mapping[str, Budget] | None = None,
         offers: Offers | None = None,
         choose: bool = False,
+        preempt_budget: float = BUDGET_SECONDS,
         waiting: Callable[[], str | None] = lambda: None,
         starting: Callable[[], str | None] = lambda: None,
     ) -> None:
@@ -103,6 +105,8 @@ class Extender:
         self.starting = starting
         """Why, just started, it is not ready yet (Leadership.starting): /readyz says so."""
         self.choose = choose
+        self.preempt_budget = preempt_budget
+        """Seconds the preempt verb may work (extender.preemption.BUDGET_SECONDS)."""
         """Answer a GPU pod's filter with the one node it scores best on (see :meth:`_chosen`)."""
         self.binder = binder
         self.ready = ready
@@ -271,7 +275,7 @@ class Extender:
 
     # --- preempt ------------------------------------------------------------
 
-    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+    async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         """kube-scheduler's candidate nodes, kept only where victims free a GPU (raises
         PreemptionError for a request it cannot use)."""
         if not self.ready() or self.waiting() is not None:
@@ -279,7 +283,12 @@ class Extender:
             # is safer than a wrong one.
             return ExtenderPreemptionResult()
         self.state.prepare(self.state.clock())
-        return preempt(args, self.state, self.budgets, self.offers)
+        result = await preempt(
+            args, self.state, self.budgets, self.offers, budget=self.preempt_budget
+        )
+        if not self.ready() or self.waiting() is not None:
+            return ExtenderPreemptionResult()  # lost meanwhile: the answer is not ours to give
+        return result
 
     # --- bind ---------------------------------------------------------------
 

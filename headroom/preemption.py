@@ -22,6 +22,10 @@ node instead would leave a higher-priority pod Pending forever.
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+BUDGET_SECONDS = 2.0
+"""How long the preempt verb may work out kube-scheduler's candidate nodes: kube-scheduler
+waits its ``httpTimeout`` (5 s as shipped) for the answer, then fails the whole preemption."""
+
 
 @dataclass(frozen=True)
 class Resident:
