@@ -27,6 +27,7 @@ from typing import Any, Literal
 from headroom import names
 from headroom.mig import profile_from_resource
 from headroom.podspec import (
+    MAX_GPU_COUNT,
     Container,
     PodError,
     containers,
@@ -64,6 +65,10 @@ class PodClaim:
     """``spec.schedulerName`` (the apiserver defaults it to ``default-scheduler``)."""
     terminated: bool = False
     problem: str = ""
+    """Why the filter refuses the pod wherever it is asked: the user's to fix."""
+    too_many: str = ""
+    """The problem of a GPU count above MAX_GPU_COUNT, charged as that many; kept with
+    the pod's other resource figures, which are read once per UID."""
     priority: int = 0
     """``spec.priority``, which the apiserver sets from the pod's PriorityClass."""
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -138,17 +143,17 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
 
     if earlier is not None and uid and earlier.uid == uid:
         shared, mig, declared = earlier.shared, earlier.mig, earlier.declared
-        created = earlier.created
+        created, too_many = earlier.created, earlier.too_many
     else:
-        shared, mig, declared = _resources(pod)
+        shared, mig, declared, too_many = _resources(pod)
         created = _epoch(metadata.get("creationTimestamp"))
 
-    problem = ""
+    problem = too_many
     placement: Placement = DEFAULT_PLACEMENT
     wanted = annotations.get(names.ANNOTATION_PLACEMENT)
     if wanted == "spread":
         placement = "spread"
-    elif wanted not in (None, "binpack"):
+    elif wanted not in (None, "binpack") and not problem:
         problem = (
             f"annotation {names.ANNOTATION_PLACEMENT}={shown(wanted)} is not binpack or spread"
         )
@@ -164,6 +169,7 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
         scheduler=scheduler,
         terminated=status.get("phase") in TERMINATED_PHASES,
         problem=problem,
+        too_many=too_many,
         priority=priority,
         labels=string_map(metadata, "labels", "metadata.labels"),
         nominated=nominated,
@@ -172,10 +178,12 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
     )
 
 
-def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None]:
-    """Effective shared replicas, MIG slices by profile, and declared bytes (None: none)."""
+def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None, str]:
+    """Effective shared replicas, MIG slices by profile, declared bytes (None: none),
+    and a problem: a count above :data:`MAX_GPU_COUNT` is charged as that many (more
+    than kubelet allocates, whatever it reads) and named, so the filter refuses it."""
     asked: dict[str, list[tuple[Container, int]]] = {}
-    for request in gpu_requests(pod):
+    for request in gpu_requests(pod, most=None):
         asked.setdefault(request.resource, []).append((request.container, request.count))
     for container in containers(pod):
         memory = declared_memory(container)
@@ -185,11 +193,19 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None]
 
     mig: dict[str, int] = {}
     declared = effective.pop(names.GPU_MEMORY, None)
+    problem = ""
+    for resource, count in effective.items():
+        if count > MAX_GPU_COUNT:
+            problem = problem or (
+                f"the pod asks for {count} {resource}, above {MAX_GPU_COUNT}, the most one "
+                "pod may ask for (kube-scheduler and kubelet read such a count cut to 64 bits)"
+            )
+            effective[resource] = MAX_GPU_COUNT
     for resource, count in effective.items():
         profile = profile_from_resource(resource)
         if profile is not None:
             mig[profile] = count
-    return effective.get(names.GPU_SHARED, 0), mig, declared
+    return effective.get(names.GPU_SHARED, 0), mig, declared, problem
 
 
 def has_headroom_annotations(pod: Mapping[str, Any]) -> bool:

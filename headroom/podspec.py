@@ -16,6 +16,15 @@ from headroom.quantity import QuantityError, parse_quantity
 ContainerList = Literal["initContainers", "containers"]
 CONTAINER_LISTS: tuple[ContainerList, ...] = ("initContainers", "containers")
 
+MAX_GPU_COUNT = 1024
+"""The most GPUs, time-slicing replicas or MIG slices one container, or one pod, may
+ask for. The apiserver keeps an extended resource's count exact, but kube-scheduler,
+kubelet and the device plugin read it as 64 bits: ``18446744073709551617`` (2^64 + 1)
+passes its "must be an integer" check and is scheduled and allocated as 1, while
+every count here is exact. No node has more than this; the admission policy
+``headroom-gpu-counts`` and the webhook refuse more, and the extender charges such
+a pod as this many and refuses to place it (:mod:`headroom.claims`)."""
+
 
 class PodError(ValueError):
     """The pod is not shaped like a Pod; the message starts with the field's path."""
@@ -106,13 +115,22 @@ def containers(pod: Mapping[str, Any]) -> Iterator[Container]:
             yield Container(kind, index, body)
 
 
-def gpu_requests(pod: Mapping[str, Any]) -> list[GPURequest]:
-    """Every container's GPU request, in pod order (init containers first)."""
+def gpu_requests(pod: Mapping[str, Any], *, most: int | None = MAX_GPU_COUNT) -> list[GPURequest]:
+    """Every container's GPU request, in pod order (init containers first); a count
+    above ``most`` (None: any) is refused naming the field (see :data:`MAX_GPU_COUNT`)."""
     found = []
     for container in containers(pod):
         request = _gpu_request(container)
-        if request is not None:
-            found.append(request)
+        if request is None:
+            continue
+        if most is not None and request.count > most:
+            where = f"{container.where}.resources.limits[{request.resource}]"
+            raise PodError(
+                f"{where}: {request.count} is above {most}, the most GPUs, replicas or "
+                "MIG slices one container may ask for (kube-scheduler and kubelet read a "
+                "count past 2^63 cut to 64 bits, e.g. 2^64 + 1 as 1)"
+            )
+        found.append(request)
     return found
 
 

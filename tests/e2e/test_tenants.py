@@ -222,6 +222,46 @@ def test_a_shared_count_of_zero_is_no_slot(cluster: Cluster, namespace: Namespac
     assert pods(cluster, dry) == []
 
 
+def test_counts_cut_to_64_bits_and_a_declaration_of_0_are_refused(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # 2^64 + 1 passes the apiserver's own checks, and kube-scheduler and kubelet read
+    # it as 1: a MIG slice with a preset node in a namespace without a policy (allowed
+    # there) would have been charged 2^64 + 1 slices, and a shared pod hung the
+    # extender. Refused in every namespace, exempt ones included.
+    huge = str(2**64 + 1)
+    plain = namespace()
+    tenant_of(cluster, plain)
+    mig = shared_pod(plain, "many-slices", nodeName=NODE)
+    mig["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.5gb": huge}
+    code, out = create(cluster, mig, f"--as={TENANT}")
+    assert code != 0, out
+    assert 'container "main" asks for more than 1024 GPUs, replicas or MIG slices' in out, out
+    exempt = namespace()  # no policy, so no webhook: the admission policy alone
+    cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
+    shared = shared_pod(exempt, "many-replicas")
+    shared["spec"]["containers"][0]["resources"]["limits"][names.GPU_SHARED] = huge
+    code, out = create(cluster, shared)
+    assert code != 0, out
+    assert "asks for more than 1024" in out, out
+    shared["spec"]["containers"][0]["resources"]["limits"][names.GPU_SHARED] = "1024"
+    code, out = create(cluster, shared)
+    assert code == 0, out  # the most is allowed
+
+    # A declaration of 0 is no declaration, and the extender could never place the
+    # pod. The webhook refuses it where it applies a policy; where the label names a
+    # policy that does not exist it lets every pod through unchanged.
+    dry = namespace("no-such-policy")
+    tenant_of(cluster, dry)
+    zero = shared_pod(dry, "zero")
+    zero["spec"]["containers"][0]["resources"]["limits"][names.GPU_MEMORY] = "0"
+    code, out = create(cluster, zero, f"--as={TENANT}")
+    assert code != 0, out
+    assert "declares no headroom.dev/gpu-memory above 0" in out, out
+    assert pods(cluster, plain) == []
+    assert pods(cluster, dry) == []
+
+
 def test_quota_on_gpu_memory_and_a_warning_for_a_bypassed_gpu_quota(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:

@@ -392,3 +392,33 @@ async def test_filter_mig_pod_by_free_slices(harness: Harness) -> None:
     }
     _, scores = await post(harness, "prioritize", {**args, "NodeNames": ["mig-b"]})
     assert scores == [{"Host": "mig-b", "Score": 5}]  # binpack: one of two slices left
+
+
+async def test_a_count_cut_to_64_bits_elsewhere_is_refused_and_charged_as_the_most(
+    harness: Harness,
+) -> None:
+    # kube-scheduler reads 2^64 + 1 replicas as 1 and asks the extender; every count
+    # here is exact, and the spread bound and the departures looped over it: the
+    # event loop, and with it every tenant's scheduling, stopped for good.
+    h = harness
+    h.state.on_node("ADDED", gpu_node("gpu-a", gpus=8))
+    huge = gpu_pod("huge", declared="1Gi")
+    for section in ("limits", "requests"):
+        huge["spec"]["containers"][0]["resources"][section]["nvidia.com/gpu.shared"] = str(
+            2**64 + 1
+        )
+    status, result = await post(h, "filter", {"Pod": huge, "NodeNames": ["gpu-a"]})
+    assert status == 200
+    assert result["NodeNames"] == []
+    assert "above 1024" in result["FailedAndUnresolvableNodes"]["gpu-a"]
+    # Bound all the same (before the admission policy, say): charged, and gone in
+    # a bounded number of departures.
+    bound = gpu_pod("bound", declared="1Gi", node="gpu-a", phase="Running")
+    for section in ("limits", "requests"):
+        bound["spec"]["containers"][0]["resources"][section]["nvidia.com/gpu.shared"] = "100000"
+    h.state.on_pod("ADDED", bound)
+    account = h.state.account("gpu-a")
+    assert account is not None
+    assert all(len(gpu.pods) == 1 for gpu in account.gpus)
+    h.state.on_pod("DELETED", bound)
+    assert len(h.state.departures["gpu-a"]) == 1024

@@ -241,3 +241,22 @@ def test_the_grace_period_is_read_and_a_malformed_one_never_drops_the_pod() -> N
     for odd in ("300", -1, True):
         pod["spec"]["terminationGracePeriodSeconds"] = odd
         assert parse_claim(pod).grace == 30.0
+
+
+@pytest.mark.parametrize("count", [str(2**64 + 1), "1025"])
+def test_a_count_above_the_most_is_charged_as_the_most_and_refused(count: str) -> None:
+    # Admitted before the admission policy, or where it is not installed: charged
+    # as 1024 replicas (more than kubelet gives it, whatever it reads), never dropped
+    # from the accounting, and the filter refuses to place it.
+    pod = gpu_pod("wrap", declared="1Gi", node="gpu-a")
+    for section in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][section]["nvidia.com/gpu.shared"] = count
+    claim = parse_claim(pod)
+    assert claim.shared == 1024
+    assert f"asks for {count} nvidia.com/gpu.shared, above 1024" in claim.problem
+    again = parse_claim(pod, claim)  # a watch event of the known pod keeps it
+    assert (again.shared, again.problem) == (1024, claim.problem)
+    mig = gpu_pod("mig", mig="1g.10gb", node="gpu-a")
+    for section in ("limits", "requests"):
+        mig["spec"]["containers"][0]["resources"][section]["nvidia.com/mig-1g.10gb"] = count
+    assert parse_claim(mig).mig == {"1g.10gb": 1024}

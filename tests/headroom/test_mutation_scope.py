@@ -142,3 +142,21 @@ def test_rule11_an_unchanged_pod_gets_no_change_warnings() -> None:
     again = run(patched(pod, run(pod)))
     assert (again.outcome, again.patch, again.warnings) == ("unchanged", [], [])
     assert again.annotations["headroom.dev/policy"] == SHARED.name
+
+
+@pytest.mark.parametrize(
+    "resource", ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"]
+)
+@pytest.mark.parametrize("policy", [SHARED, make_policy("hands-off", mode="passthrough")])
+def test_a_count_kube_scheduler_reads_cut_to_64_bits_is_denied(
+    resource: str, policy: object
+) -> None:
+    # 2^64 + 1 passes the apiserver's "must be an integer" check, and kube-scheduler,
+    # kubelet and the device plugin read it as 1; every count here is exact, and the
+    # extender's spread bound looped over it for good.
+    decision = run(gpu_pod({resource: str(2**64 + 1)}), policy)  # type: ignore[arg-type]
+    assert not decision.allowed
+    assert (
+        f"spec.containers[0].resources.limits[{resource}]: 18446744073709551617 is above 1024"
+        in decision.message
+    )
