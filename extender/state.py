@@ -41,7 +41,10 @@ from headroom.accounting import (
     NodeAccount,
     account_node,
     homes,
+    listed_twice,
     measured,
+    numa_groups,
+    refine_groups,
 )
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
 from headroom.nodes import NodeGPUs, parse_node
@@ -116,6 +119,8 @@ class ClusterState:
         self._replicas_seen: dict[str, int] = {}
         """Node -> the most replicas per GPU it has offered since this extender started
         (:attr:`NodeGPUs.replicas_per_gpu`)."""
+        self._numa_seen: dict[str, dict[int, Hashable]] = {}
+        """Node -> the NUMA grouping every report since the node appeared allows."""
         self.shared_headroom: dict[str, int] = {}
         """Node -> headroom for a shared pod, for every cached account: the filter's index."""
         self.shared_room: dict[str, tuple[int, int]] = {}
@@ -181,6 +186,13 @@ class ClusterState:
             else:
                 old = self.reports.get(name)
                 self.reports[name] = report
+                told = numa_groups(1 + max((g.index for g in report.gpus), default=-1), [report])
+                if told is not None:
+                    # GPUs once reported on different NUMA nodes stay apart (one report
+                    # saying otherwise may be the fault): grouping apart only charges more.
+                    seen = refine_groups(self._numa_seen.get(name), told)
+                    if seen is not None:
+                        self._numa_seen[name] = seen
                 now = self.clock()
                 fresh = measured(report, now=now, stale_after=self.stale_after)
                 if fresh:
@@ -226,7 +238,14 @@ class ClusterState:
             # to the grace period, and the allocator counts them; so its departure
             # counts as that much later (headroom.spread: more only charges more).
             late = kind == "DELETED" and not claim.terminated and not _stopped(obj)
-            linger = min(claim.grace, HISTORY_SECONDS) + LINGER_ALLOWANCE_SECONDS
+            # A re-list replays a deletion it missed with the pod's name and UID
+            # only: the grace period is then the longest this cache read of it.
+            grace = max(
+                [claim.grace]
+                + [known.grace for known in (self.pods.get(claim.uid),) if known is not None]
+                + [held.grace for held, *_ in self.assumed.get(claim.uid, {}).values()]
+            )
+            linger = min(grace, HISTORY_SECONDS) + LINGER_ALLOWANCE_SECONDS
             self._drop(claim.uid, linger=linger if late else 0.0)
             return
         if self.pods.get(claim.uid) == claim:
@@ -316,6 +335,7 @@ class ClusterState:
             stale_after=self.stale_after,
             last_good=_without(self.last_good.get(name), gone),
             history=self._history_after(name, gone, horizon),
+            numa_seen=self._numa_seen.get(name),
         )
 
     def _history_after(
@@ -647,6 +667,7 @@ class ClusterState:
             self.last_good.pop(node, None)
             self.departures.pop(node, None)
             self._replicas_seen.pop(node, None)
+            self._numa_seen.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
         self._trials.pop(node, None)
@@ -674,11 +695,23 @@ def _trial_fit(claim: PodClaim, verdict: Fit, trial: NodeAccount | None) -> Fit:
 
 def _stopped(obj: Mapping[str, Any]) -> bool:
     """Whether kubelet reported every container of the pod terminated (it then holds
-    none of the pod's device replicas), as a graceful deletion's last object shows."""
+    none of the pod's device replicas), as a graceful deletion's last object shows.
+
+    Sidecars (init containers that keep running) and ephemeral containers count
+    too: while one runs, kubelet keeps the pod, and its devices, on the node.
+    """
     status = obj.get("status")
-    statuses = status.get("containerStatuses") if isinstance(status, Mapping) else None
+    if not isinstance(status, Mapping):
+        return False
+    statuses = status.get("containerStatuses")
     if not isinstance(statuses, list) or not statuses:
         return False
+    for key in ("initContainerStatuses", "ephemeralContainerStatuses"):
+        more = status.get(key)
+        if more is not None:
+            if not isinstance(more, list):
+                return False
+            statuses = statuses + more
     return all(
         isinstance(s, Mapping)
         and isinstance(s.get("state"), Mapping)
@@ -710,13 +743,14 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:
     """``report`` as the last good one, a GPU NVML failed to read, or that ``report``
     leaves out, keeping its last reading: the one seen here, else the one the agent carries."""
-    read = {gpu.index for gpu in report.gpus if not gpu.error}
+    twice = listed_twice(report)
+    read = {gpu.index for gpu in report.gpus if not gpu.error and gpu.index not in twice}
     kept = [g for g in (last.gpus if last is not None else []) if g.index not in read]
     if not kept and len(read) == len(report.gpus):
         return report
     known = read | {g.index for g in kept}
-    carried = [g for g in report.gpus if g.index not in known]
-    return replace(report, gpus=[g for g in report.gpus if not g.error] + kept + carried)
+    carried = [g for g in report.gpus if g.index not in known and g.index not in twice]
+    return replace(report, gpus=[g for g in report.gpus if g.index in read] + kept + carried)
 
 
 def _without(report: ReportStatus | None, gone: Collection[str]) -> ReportStatus | None:

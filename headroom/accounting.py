@@ -206,6 +206,7 @@ def account_node(
     stale_after: float,
     last_good: ReportStatus | None = None,
     history: History | None = None,
+    numa_seen: Mapping[int, Hashable] | None = None,
 ) -> NodeAccount:
     """Account ``node``'s GPUs for the pods bound or assumed there (``claims``).
 
@@ -216,13 +217,18 @@ def account_node(
     until a fresh measured report replaces it. So do the figures ``report`` itself
     carries for GPUs NVML could not read (the agent's last good ones, marked with
     the error), which survive an extender restart. A fault never raises headroom.
+    ``numa_seen``: the NUMA grouping of the node's earlier reports (:func:`refine_groups`),
+    which the account's own reports may only split further.
     """
     live = [c for c in claims if not c.terminated]
     source, note, stale_at = _freshness(report, now=now, stale_after=stale_after)
     # Only a bound over several GPUs reads the groups (_spread): not worked out per
     # account of a one-GPU node, most of a storm's.
     groups = (
-        numa_groups(node.count, (r for r in (report, last_good) if r is not None))
+        refine_groups(
+            numa_groups(node.count, (r for r in (report, last_good) if r is not None)),
+            numa_seen,
+        )
         if node.count > 1
         else None
     )
@@ -431,9 +437,30 @@ def _readable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, dict[
     for index in range(node.count):
         if index not in listed:
             failed[index] = f"GPU {index} missing from the GPUNodeReport"
-    if any(gpu.error for gpu in report.gpus):
-        report = replace(report, gpus=[g for g in report.gpus if not g.error])
+    twice = listed_twice(report)
+    for index in twice:
+        failed[index] = f"GPU {index} listed twice in the GPUNodeReport (its index or UUID)"
+    if any(gpu.error or gpu.index in twice for gpu in report.gpus):
+        report = replace(
+            report, gpus=[g for g in report.gpus if not g.error and g.index not in twice]
+        )
     return report, failed
+
+
+def listed_twice(report: ReportStatus) -> set[int]:
+    """The GPU indices a report lists more than once, or under a UUID it also gives
+    another index: an agent fault, which of the readings is the GPU's is unknown."""
+    first: dict[object, int] = {}
+    twice: set[int] = set()
+    for gpu in report.gpus:
+        for key in (("index", gpu.index), ("uuid", gpu.uuid) if gpu.uuid else None):
+            if key is None:
+                continue
+            if key in first:
+                twice.update((first[key], gpu.index))
+            else:
+                first[key] = gpu.index
+    return twice
 
 
 def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, list[str]]:
@@ -690,6 +717,23 @@ def numa_groups(count: int, reports: Iterable[ReportStatus]) -> dict[int, Hashab
             node = numa.get(index)
             keys[index] = (*key, ("alone", index) if node is None else node)
     return dict(keys) if told else None
+
+
+def refine_groups(
+    groups: Mapping[int, Hashable] | None, other: Mapping[int, Hashable] | None
+) -> dict[int, Hashable] | None:
+    """GPUs grouped together only where both groupings do (None: one group); a GPU
+    one of them leaves out stands alone. Grouping apart only charges more."""
+    if groups is None or other is None:
+        kept = groups if other is None else other
+        return None if kept is None else dict(kept)
+    ids: dict[tuple[Hashable, Hashable], int] = {}
+    return {
+        index: ids.setdefault(
+            (groups.get(index, ("alone", index)), other.get(index, ("alone", index))), len(ids)
+        )
+        for index in sorted(groups.keys() | other.keys())
+    }
 
 
 def _cap(

@@ -4,6 +4,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -392,3 +393,61 @@ def test_departures_count_across_a_skew_between_the_extender_and_the_apiserver()
     account = state.account("gpu-a")
     assert account is not None
     assert account.gpus[0].accounted >= 30 * GIB
+
+
+def test_gpus_once_reported_on_different_numa_nodes_stay_apart() -> None:
+    # Two 40 GiB GPUs reported on NUMA nodes 0 and 1; p0 (30 GiB) is held and not
+    # located yet (the agent lost its PodResources socket, say). With the Topology
+    # Manager on, p1 (30 GiB) could land beside it on GPU 0, and is refused. One
+    # report putting both GPUs on NUMA node 0 (a firmware or agent fault) undid the
+    # split: it replaced the last good report too, and p1 was admitted (60 GiB on 40).
+    # A GPU is grouped with another only while no report since the node appeared
+    # has said otherwise.
+    state, clock = state_with(gpu_node("gpu-a", gpus=2))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}, numa={0: 0, 1: 1}))
+    p0, p1 = gpu_pod("p0", declared="30Gi"), gpu_pod("p1", declared="30Gi")
+    for pod in (p0, p1):
+        state.on_pod("ADDED", pod)
+    assert state.assume(state.parse(p0), "gpu-a").fits
+    assert not state.fit(state.parse(p1), "gpu-a").fits
+    for i in (1, 2):
+        clock.now += 10
+        merged = gpu_report(
+            "gpu-a", {0: {}, 1: {}}, numa={0: 0, 1: 0}, at=EPOCH + timedelta(seconds=10 * i)
+        )
+        state.on_report("MODIFIED", merged)
+        assert not state.fit(state.parse(p1), "gpu-a").fits
+
+
+def duplicated(obj: dict[str, Any], *, same_uuid: bool) -> dict[str, Any]:
+    """The report with GPU 1's entry read from GPU 0 (its UUID and figures), or
+    carrying GPU 0's index: a GPU listed twice."""
+    status = parse_report(obj)
+    g0, g1 = status.gpus
+    twice = replace(g0, index=1) if same_uuid else replace(g1, index=0)
+    return report_object(replace(status, gpus=[g0, twice]))
+
+
+@pytest.mark.parametrize("same_uuid", [False, True], ids=["index-twice", "uuid-twice"])
+def test_a_gpu_listed_twice_is_not_measured(same_uuid: bool) -> None:
+    # 30 GiB held by a process of no known pod on the GPU the faulty report lists
+    # twice or leaves out. Taking the last entry for an index, or GPU 0's reading for
+    # GPU 1, raised its headroom from 9.5 to 39.5 GiB: the memory is still there.
+    gpu = 1 if same_uuid else 0
+    state, clock = state_with(gpu_node("gpu-a", gpus=2))
+    good = gpu_report("gpu-a", {0: {}, 1: {}}, unattributed={gpu: 30 * GIB})
+    state.on_report("ADDED", good)
+    before = gpu_headroom(state, gpu)
+    clock.now += 1
+    state.on_report("MODIFIED", duplicated(good, same_uuid=same_uuid))
+    assert gpu_headroom(state, gpu) <= before
+    clock.now += 1  # and the good reading it kept is not replaced by the faulty one
+    state.on_report("MODIFIED", duplicated(good, same_uuid=same_uuid))
+    assert gpu_headroom(state, gpu) <= before
+
+
+def gpu_headroom(state: ClusterState, index: int) -> int:
+    state.refresh(state.clock())
+    account = state.account("gpu-a")
+    assert account is not None
+    return {g.index: g.headroom for g in account.gpus}[index]

@@ -10,6 +10,7 @@ import extender.state
 from extender.state import ClusterState
 from headroom import accounting, names
 from headroom.accounting import NodeAccount
+from kube.informer import identity
 from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
 from tests.extender.test_server import post
@@ -444,31 +445,49 @@ def test_replicas_cut_while_pods_run_cap_a_gpu_by_the_most_it_offered() -> None:
 
 
 @pytest.mark.parametrize(
-    ("containers", "second"),
-    [("running", False), ("terminated", True)],
-    ids=["force-deleted", "deleted-once-stopped"],
+    ("how", "second"),
+    [
+        ("force-deleted", False),
+        ("deleted-once-stopped", True),
+        ("force-deleted-with-a-sidecar-running", False),
+        ("force-deleted-in-a-watch-gap", False),
+    ],
 )
 def test_a_pod_deleted_before_kubelet_stopped_it_still_counts_on_its_gpu(
-    containers: str, second: bool
+    how: str, second: bool
 ) -> None:
     # Two 40 GiB GPUs. P (2 GiB, a 300 s grace period) is located on GPU 1 and
     # force-deleted (kubectl delete --force): the API, the extender and the agent's
     # pod cache forget it at once, kubelet keeps its replica while the containers
-    # stop. 60 s later A and B (25 GiB) arrive: the allocator sees GPU 0 at 0, GPU 1
+    # stop. 100 s later A and B (25 GiB) arrive: the allocator sees GPU 0 at 0, GPU 1
     # at 1, puts A on GPU 0, then breaks the 1:1 tie towards GPU 0 too -- 50 GiB on
     # 40. P's departure counts until its grace is over; a pod whose containers kubelet
-    # reported terminated released its replica (a review's case).
+    # reported terminated released its replica (a review's case). A sidecar still
+    # running keeps the pod, and its replica, on the node; deleted while the pod
+    # watch was down, the re-list's DELETED carries only the pod's name and UID, and
+    # the grace period is the one the cache read before (later reviews' cases).
     state, clock = fresh_state()
     state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
     p = gpu_pod("p", node="gpu-a", declared="2Gi", phase="Running")
     p["spec"]["terminationGracePeriodSeconds"] = 300
-    p["status"]["containerStatuses"] = [{"name": "main", "state": {containers: {}}}]
+    main = "terminated" if how == "deleted-once-stopped" else "running"
+    p["status"]["containerStatuses"] = [{"name": "main", "state": {main: {}}}]
+    if how == "force-deleted-with-a-sidecar-running":
+        p["spec"]["initContainers"] = [
+            {"name": "log", "image": "busybox", "restartPolicy": "Always"}
+        ]
+        p["status"]["initContainerStatuses"] = [{"name": "log", "state": {"running": {}}}]
+        p["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {}}}]
     state.on_pod("ADDED", p)
     state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {uid_of(p): 2 * GIB}}))
     clock.now += 5
-    state.on_pod("DELETED", p)
-    clock.now += 60
-    late = EPOCH + timedelta(seconds=65)
+    if how == "force-deleted-in-a-watch-gap":
+        state.on_pod("DELETED", identity(p))  # as kube.informer replays it after a re-list
+        state.on_pod_resync()
+    else:
+        state.on_pod("DELETED", p)
+    clock.now += 100
+    late = EPOCH + timedelta(seconds=105)
     state.on_report(
         "MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, unattributed={1: 2 * GIB}, at=late)
     )
