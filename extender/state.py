@@ -193,11 +193,19 @@ class ClusterState:
                     seen = refine_groups(self._numa_seen.get(name), told)
                     if seen is not None:
                         self._numa_seen[name] = seen
+                renumbered = _renumbered(old, report) or _renumbered(
+                    self.last_good.get(name), report
+                )
+                if renumbered and (left := self.departures.get(name)):
+                    # A GPU fell off the bus, or the driver numbered them anew: the
+                    # departures seen were from GPUs by their old numbers, now from
+                    # any GPU (headroom.spread: never less charged for it).
+                    self.departures[name] = deque((at, None) for at, _ in left)
                 now = self.clock()
                 fresh = measured(report, now=now, stale_after=self.stale_after)
                 if fresh:
                     self.last_good[name] = _keep_failed_gpus(report, self.last_good.get(name))
-                if old is not None and self._heartbeat(name, old, report):
+                if old is not None and not renumbered and self._heartbeat(name, old, report):
                     return
                 if fresh and (
                     old is None
@@ -738,6 +746,14 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     return any(
         u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes or u.allocated
     )
+
+
+def _renumbered(old: ReportStatus | None, new: ReportStatus) -> bool:
+    """Whether ``new`` gives an index of ``old`` another GPU (by UUID)."""
+    if old is None:
+        return False
+    before = {gpu.index: gpu.uuid for gpu in old.gpus if gpu.uuid}
+    return any(gpu.uuid and before.get(gpu.index, gpu.uuid) != gpu.uuid for gpu in new.gpus)
 
 
 def _keep_failed_gpus(report: ReportStatus, last: ReportStatus | None) -> ReportStatus:

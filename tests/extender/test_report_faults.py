@@ -451,3 +451,24 @@ def gpu_headroom(state: ClusterState, index: int) -> int:
     account = state.account("gpu-a")
     assert account is not None
     return {g.index: g.headroom for g in account.gpus}[index]
+
+
+def test_departures_count_from_any_gpu_once_the_gpus_are_numbered_anew() -> None:
+    # GPU 1 lost two located pods; then GPU 0 fell off the bus and the driver numbered
+    # the rest anew (the old GPU 1 is now GPU 0). The departures, kept by index,
+    # pointed at the wrong GPU: its neighbours' bound shrank. They now count from
+    # any GPU, which never charges less (headroom.spread).
+    pods = [gpu_pod(f"u{i}", node="gpu-a", declared="4Gi") for i in range(3)]
+    state, clock = state_with(gpu_node("gpu-a", gpus=3), *pods)
+    located = {0: {}, 1: {uid_of(pods[0]): GIB, uid_of(pods[1]): GIB}, 2: {}}
+    state.on_report("ADDED", gpu_report("gpu-a", located))
+    clock.now += 10
+    for pod in pods[:2]:
+        state.on_pod("DELETED", pod)
+    assert [gpu for _, gpu in state.departures["gpu-a"]] == [1, 1]
+    status = parse_report(gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
+    _, old1, old2 = status.gpus
+    renumbered = replace(status, gpus=[replace(old1, index=0), replace(old2, index=1)])
+    clock.now += 10
+    state.on_report("MODIFIED", report_object(renumbered))
+    assert [gpu for _, gpu in state.departures["gpu-a"]] == [None, None]
