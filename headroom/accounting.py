@@ -367,6 +367,7 @@ def _measured(
             for index, used in where.items():
                 charges.setdefault(index, []).append(_charge(claim, used, used, True))
     nothing: dict[int, int] = {}
+    replicas = {c.uid: c.shared for c in unlocated}
     for index in shared_indices:
         lines, held = [], []
         gpu_total = total(index)
@@ -381,7 +382,9 @@ def _measured(
             charge = max(_need(claim, node, gpu_total), used)
             observed = used if index in on else None
             lines.append(PodCharge(claim.uid, claim.key, claim.declared, observed, charge, False))
-        capped, growth[index] = _cap(lines, unlocated, limits, index, leavers.get(index, ()))
+        capped, growth[index] = _cap(
+            lines, unlocated, limits, index, leavers.get(index, ()), replicas=replicas
+        )
         charges[index].extend(capped + held)
     for gpu in report.gpus:
         for usage in gpu.pods:
@@ -536,15 +539,25 @@ def _declared_only(
         node.replicas_per_gpu,
     )  # fmt: skip
     gpus = []
+    # Every GPU's lines are alike but for a legacy pod's (the GPU's total): made once.
+    alike = [
+        None
+        if c.legacy
+        else PodCharge(c.uid, c.key, c.declared, None, max(c.need, most_seen.get(c.uid, 0)), False)
+        for c in shared
+    ]
+    replicas = {c.uid: c.shared for c in shared}
     for index in range(node.count):
         total = node.memory_bytes
         if index in report_totals:
             total = min(total, report_totals[index]) if total else report_totals[index]
         lines = [
-            _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
-            for c in shared
+            line
+            if line is not None
+            else _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
+            for c, line in zip(shared, alike, strict=True)
         ]
-        pods, growth = _cap(lines, shared, limits, index)
+        pods, growth = _cap(lines, shared, limits, index, replicas=replicas)
         # Foreign processes and pods the cache does not hold stay where they were seen.
         pods += [
             PodCharge(uid, key, None, held, held, True, False)
@@ -745,6 +758,8 @@ def _cap(
     spread: Spread | None,
     index: int,
     leavers: Iterable[int] = (),
+    *,
+    replicas: Mapping[str, int] | None = None,
 ) -> tuple[list[PodCharge], list[Variant]]:
     """The unlocated pods' lines on GPU ``index``, and per ``j`` (:class:`Spread`)
     the :data:`Variant` a new single-replica pod is checked against.
@@ -760,7 +775,8 @@ def _cap(
     """
     if spread is None:
         return lines, list(UNCHANGED)
-    replicas = {c.uid: c.shared for c in unlocated}
+    if replicas is None:  # the same for every GPU of the node: callers may make it once
+        replicas = {c.uid: c.shared for c in unlocated}
     ranked = sorted(
         (line for line in lines if replicas.get(line.uid) == 1),
         key=lambda line: (-line.charged, line.uid),
