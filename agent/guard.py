@@ -177,11 +177,11 @@ def allowance(pod: Pod) -> Allowance | None:
         if claim.declared is not None:
             listed = not any(
                 r.container.kind == "initContainers" and not r.container.sidecar
-                for r in gpu_requests(pod)
+                for r in gpu_requests(pod, most=None)
             )
             gpus = max(claim.shared, 1)
             return Allowance(claim.declared, gpus, listed=listed, slices=bool(claim.mig))
-        if not gpu_requests(pod):
+        if not gpu_requests(pod, most=None):
             return Allowance(0, asks_no_gpu=True)
     except PodError:
         pass  # the apiserver validated the pod's resources; a bad shape is not ours

@@ -203,7 +203,7 @@ class SimulatedProbe:
             return None
         annotations = metadata.get("annotations") or {}
         try:
-            requests = gpu_requests(pod)
+            requests = gpu_requests(pod, most=None)
         except PodError:
             requests = []
         if not requests and names.ANNOTATION_SIMULATED_USAGE not in annotations:

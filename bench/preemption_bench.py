@@ -1,12 +1,13 @@
 """Benchmark (not a test): the preempt verb on many candidate nodes, and what it does
 to the filter requests that arrive meanwhile.
 
-kube-scheduler hands the verb every candidate node its dry run found (at least
-100, or 10% of a larger cluster: ``minCandidateNodesAbsolute`` and
+kube-scheduler hands the verb the candidate nodes its dry run found (up to 100,
+or 10% of a larger cluster: ``minCandidateNodesAbsolute`` and
 ``minCandidateNodesPercentage`` of DefaultPreemption) and waits its
 ``httpTimeout`` (5 s as shipped) for the answer, then fails the whole
-preemption. While the verb works, other pods' filter and bind calls wait on
-the same event loop.
+preemption. While the verb works, binds, watch events and probes wait on the
+same event loop; the bench sends filters as that other work (kube-scheduler
+itself sends none while it preempts).
 
 The state: ``--nodes`` candidate nodes of 8 x 40 GiB GPUs, each with
 ``--pods-per-gpu`` 9 GiB pods of priority 0 per GPU, half of them located by

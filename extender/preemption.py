@@ -173,7 +173,6 @@ async def preempt(
     args: ExtenderPreemptionArgs,
     state: ClusterState,
     budgets: Mapping[str, Budget],
-    offers: Offers | None = None,
     *,
     budget: float = BUDGET_SECONDS,
     timer: Callable[[], float] = time.monotonic,
@@ -185,6 +184,7 @@ async def preempt(
     first every node where kube-scheduler's own victims make room (one trial each),
     then the nodes that need more, while ``budget`` seconds last. A node not checked
     by then is left out, never answered unchecked, and the log says how many.
+    The answer is only offered (:func:`offer`) once the caller knows it stands.
     """
     if args.Pod is None:
         raise PreemptionError("Pod: missing (null)")
@@ -203,9 +203,9 @@ async def preempt(
         visits += 1
         if visits > 1:
             await asyncio.sleep(0)
+            state.prepare(state.clock())  # may work out every node after a re-list
             if timer() - started > budget:
                 return False
-            state.prepare(state.clock())
         return True
 
     for quick in (True, False):
@@ -218,7 +218,7 @@ async def preempt(
                 continue
             checked += 1
             if victims:
-                kept[node] = _keep(preemptor, node, victims, counted, state, pdbs, offers)
+                kept[node] = _keep(node, victims, counted, state, pdbs)
             else:
                 log.info(
                     "preemption of %s: node %s dropped, no victims free a GPU",
@@ -238,18 +238,30 @@ async def preempt(
     return ExtenderPreemptionResult(NodeNameToMetaVictims=kept)
 
 
+def offer(
+    args: ExtenderPreemptionArgs,
+    result: ExtenderPreemptionResult,
+    state: ClusterState,
+    offers: Offers,
+) -> None:
+    """Remember the victims of each node the answer keeps, for the preemptor's Event
+    once kube-scheduler nominates it to one of them."""
+    if args.Pod is None or not result.NodeNameToMetaVictims:
+        return
+    preemptor = parse_claim(args.Pod)
+    for node, meta in result.NodeNameToMetaVictims.items():
+        victims = [pod.UID for pod in meta.Pods]
+        offers.offer(preemptor, node, _explain(preemptor, node, victims, state))
+
+
 def _keep(
-    preemptor: PodClaim,
     node: str,
     victims: list[str],
     counted: Mapping[str, int],
     state: ClusterState,
     pdbs: list[Budget],
-    offers: Offers | None,
 ) -> MetaVictims:
     evictees = [_evictee(state, uid) for uid in victims]
-    if offers is not None:
-        offers.offer(preemptor, node, _explain(preemptor, node, victims, state))
     return MetaVictims(
         Pods=[MetaPod(UID=uid) for uid in victims],
         # A superset of kube-scheduler's victims violates at least what they did;

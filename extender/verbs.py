@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.preemption import Offers, preempt
+from extender.preemption import Offers, offer, preempt
 from extender.state import ClusterState
 from extender.verdicts import UNKNOWN_NODE
 from extender.wire import (
@@ -283,11 +283,10 @@ class Extender:
             # is safer than a wrong one.
             return ExtenderPreemptionResult()
         self.state.prepare(self.state.clock())
-        result = await preempt(
-            args, self.state, self.budgets, self.offers, budget=self.preempt_budget
-        )
+        result = await preempt(args, self.state, self.budgets, budget=self.preempt_budget)
         if not self.ready() or self.waiting() is not None:
             return ExtenderPreemptionResult()  # lost meanwhile: the answer is not ours to give
+        offer(args, result, self.state, self.offers)
         return result
 
     # --- bind ---------------------------------------------------------------

@@ -198,7 +198,8 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
         if count > MAX_GPU_COUNT:
             problem = problem or (
                 f"the pod asks for {count} {resource}, above {MAX_GPU_COUNT}, the most one "
-                "pod may ask for (kube-scheduler and kubelet read such a count cut to 64 bits)"
+                "pod may ask for"
+                + (" (kube-scheduler and kubelet read it cut to 64 bits)" if count >= 2**63 else "")
             )
             effective[resource] = MAX_GPU_COUNT
     for resource, count in effective.items():

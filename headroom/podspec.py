@@ -131,6 +131,16 @@ def gpu_requests(pod: Mapping[str, Any], *, most: int | None = MAX_GPU_COUNT) ->
                 "count past 2^63 cut to 64 bits, e.g. 2^64 + 1 as 1)"
             )
         found.append(request)
+    if most is not None:
+        asked: dict[str, list[tuple[Container, int]]] = {}
+        for request in found:
+            asked.setdefault(request.resource, []).append((request.container, request.count))
+        for resource, amounts in asked.items():
+            if (total := effective_request(amounts)) > most:
+                raise PodError(
+                    f"spec: the pod asks for {total} {resource} in all (its containers' "
+                    f"effective request), above {most}, the most one pod may ask for"
+                )
     return found
 
 

@@ -422,3 +422,16 @@ def test_a_pod_within_its_declaration_on_each_gpu_it_was_given_is_not_over() -> 
     assert guard.observe(report, {"t": two}, POLICIES, NAMESPACES) == []
     unlocated = gpus({0: {"t": 10 * GIB}, 1: {"t": 10 * GIB}})
     assert guard.observe(unlocated, {"t": two}, POLICIES, NAMESPACES) == []
+
+
+def test_a_pod_admitted_with_a_count_past_the_most_is_still_guarded() -> None:
+    # A pod admitted before the admission policy refused counts above 1024: the
+    # extender charges it as 1024; the guard must still hold it to its declaration.
+    guard = Guard(grace=1)
+    huge = guarded("a", "strict")
+    for section in ("limits",):
+        huge["spec"]["containers"][0]["resources"][section]["nvidia.com/gpu.shared"] = str(
+            2**64 + 1
+        )
+    actions = guard.observe(report({"a": 12 * GIB}), {"a": huge}, POLICIES, NAMESPACES)
+    assert actions, "the guard had no measure for the pod"

@@ -236,7 +236,10 @@ def test_counts_cut_to_64_bits_and_a_declaration_of_0_are_refused(
     mig["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.5gb": huge}
     code, out = create(cluster, mig, f"--as={TENANT}")
     assert code != 0, out
-    assert 'container "main" asks for more than 1024 GPUs, replicas or MIG slices' in out, out
+    assert (
+        'container "main" resources.limits[nvidia.com/mig-1g.5gb]: asks for more than 1024 '
+        "GPUs, replicas or MIG slices" in out
+    ), out
     exempt = namespace()  # no policy, so no webhook: the admission policy alone
     cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
     shared = shared_pod(exempt, "many-replicas")

@@ -585,3 +585,5 @@ async def test_no_node_is_offered_if_leadership_is_lost_meanwhile(
     await task
     assert lost
     assert not result.NodeNameToMetaVictims
+    # Nor is an Event recorded on the preemptor for victims the answer no longer names.
+    assert not h.extender.offers._offers

@@ -1,5 +1,6 @@
 """Faults never raise headroom (issue 7): stale, unavailable, failing, forged reports."""
 
+import copy
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -472,3 +473,19 @@ def test_departures_count_from_any_gpu_once_the_gpus_are_numbered_anew() -> None
     clock.now += 10
     state.on_report("MODIFIED", report_object(renumbered))
     assert [gpu for _, gpu in state.departures["gpu-a"]] == [None, None]
+
+
+def test_a_gpu_index_no_node_has_makes_the_report_unreadable() -> None:
+    # Index 2,000,000 with a NUMA node: the groups kept for the node, and worked out
+    # again for every account of it, were two million GPUs long (seconds of the event
+    # loop per account). Such a report is unreadable: it vouches for nothing.
+    state, _ = state_with(gpu_node("gpu-a", gpus=2))
+    good = gpu_report("gpu-a", {0: {}, 1: {}}, unattributed={0: 10 * GIB})
+    state.on_report("ADDED", good)
+    far = copy.deepcopy(good)
+    far["status"]["gpus"][1].update(index=2_000_000, numaNode=0)
+    state.on_report("MODIFIED", far)
+    assert "gpu-a" not in state.reports
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.source != "report"

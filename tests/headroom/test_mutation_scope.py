@@ -160,3 +160,11 @@ def test_a_count_kube_scheduler_reads_cut_to_64_bits_is_denied(
         f"spec.containers[0].resources.limits[{resource}]: 18446744073709551617 is above 1024"
         in decision.message
     )
+
+
+def test_a_pod_asking_more_than_the_most_in_all_is_denied() -> None:
+    # Two containers of 600 each pass the per-container rule; the extender counts the
+    # pod's effective request, and would refuse it on every node for good.
+    decision = run(gpu_pod({"nvidia.com/gpu": "600"}, {"nvidia.com/gpu": "600"}))
+    assert not decision.allowed
+    assert "spec: the pod asks for 1200 nvidia.com/gpu in all" in decision.message

@@ -240,7 +240,10 @@ def many_containers(count: int) -> AdmissionRequest:
     review = review_json("pod-cuda-vectoradd")
     pod = review["request"]["object"]
     template = pod["spec"]["containers"][0]
-    pod["spec"]["containers"] = [{**template, "name": f"c{i}"} for i in range(count)]
+    # One app container and the rest init containers, each asking one GPU: a pod no
+    # larger in GPUs than its largest (a pod may ask for 1,024 at most in all).
+    pod["spec"]["containers"] = [{**template, "name": "c0"}]
+    pod["spec"]["initContainers"] = [{**template, "name": f"c{i}"} for i in range(1, count)]
     return parse_request(json.dumps(review).encode())
 
 
