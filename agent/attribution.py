@@ -34,6 +34,9 @@ from headroom.reports import (
     ReportStatus,
 )
 
+MAX_CONTAINERS_LISTED = 64
+"""``pods[].containers`` maxItems in the GPUNodeReport CRD."""
+
 Pod = Mapping[str, Any]
 Resolver = Callable[[int], ContainerRef | None]
 """Host pid -> its pod and container (``agent.cgroups.container_of_pid``)."""
@@ -170,7 +173,10 @@ def _pods(
                 uid=uid,
                 namespace=str(metadata.get("namespace") or ""),
                 name=str(metadata.get("name") or ""),
-                containers=sorted(total.containers),
+                # The CRD lists at most 64 (a larger list would make the apiserver
+                # refuse every report of the node); names are for people, the
+                # memory is summed over every container.
+                containers=sorted(total.containers)[:MAX_CONTAINERS_LISTED],
                 used_bytes=total.used,
                 starved_bytes=total.starved,
                 allocated=uid in given,

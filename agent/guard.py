@@ -83,6 +83,9 @@ class Verdict:
 @dataclass
 class _Episode:
     streak: int = 0
+    """Observations over the declaration in this episode."""
+    calm: int = 0
+    """Observations within it since the last one over: ``grace`` of them end the episode."""
     warned: bool = False
     evicted: bool = False
 
@@ -257,8 +260,14 @@ class Guard:
             reason = overuse(devices, allowed)
             episode = self._episodes.setdefault(uid, _Episode())
             if not reason:
-                self._episodes[uid] = _Episode()  # back within bounds: the episode is over
+                # One observation within bounds does not end it: a pod over every other
+                # observation (seed 001's spikes) would never be acted on. As many in a
+                # row as it takes to act do.
+                episode.calm += 1
+                if episode.calm >= self.grace:
+                    self._episodes[uid] = _Episode()
                 continue
+            episode.calm = 0
             episode.streak += 1
             action = guard_action(pod, policies, namespaces)
             if episode.streak < self.grace or action is None:

@@ -35,6 +35,9 @@ Writer = Callable[[dict[str, Any]], None]
 class WritePolicy:
     threshold_bytes: int = 64 * MIB
     threshold_fraction: float = 0.01
+    rise_bytes: int = 256 * MIB
+    """Memory held rising by more than this is written at once, however large the GPU:
+    1% of an 80 GB GPU is 815 MiB, more than the extender's 512 MiB margin."""
     heartbeat_seconds: float = 30.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
@@ -59,9 +62,15 @@ def change_reason(old: ReportStatus | None, new: ReportStatus, policy: WritePoli
 
 def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None:
     limit = max(policy.threshold_bytes, int(policy.threshold_fraction * new.total_bytes))
-    for what in ("total_bytes", "used_bytes", "free_bytes", "unattributed_bytes"):
+    rise = min(limit, policy.rise_bytes)
+    for what, held in (
+        ("total_bytes", 0),
+        ("used_bytes", 1),
+        ("free_bytes", -1),
+        ("unattributed_bytes", 1),
+    ):
         before, after = getattr(old, what), getattr(new, what)
-        if abs(after - before) > limit:
+        if abs(after - before) > (rise if (after - before) * held > 0 else limit):
             return f"{what} moved {human_bytes(after - before)}"
     if old.error != new.error:
         return "NVML error changed"  # a failing GPU keeps its last figures: only this says
@@ -73,24 +82,25 @@ def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None
     pairs = [(old.pods, new.pods)]
     for device in new.mig_devices:
         before = old_migs[device.uuid]
-        if abs(device.used_bytes - before.used_bytes) > limit:
+        moved = device.used_bytes - before.used_bytes
+        if abs(moved) > (rise if moved > 0 else limit):
             return f"MIG {device.uuid} used moved"
         pairs.append((before.pods, device.pods))
     for before_pods, after_pods in pairs:
-        reason = _pods_change(before_pods, after_pods, limit)
+        reason = _pods_change(before_pods, after_pods, limit, rise)
         if reason:
             return reason
     return None
 
 
-def _pods_change(old: list[PodUsage], new: list[PodUsage], limit: int) -> str | None:
+def _pods_change(old: list[PodUsage], new: list[PodUsage], limit: int, rise: int) -> str | None:
     before = {pod.uid: pod for pod in old}
     if before.keys() != {pod.uid for pod in new}:
         return "pods changed"
     for pod in new:
         was = before[pod.uid]
         moved = pod.used_bytes - was.used_bytes
-        if abs(moved) > limit:
+        if abs(moved) > (rise if moved > 0 else limit):
             return f"pod {pod.namespace}/{pod.name} moved {human_bytes(moved)}"
         if bool(pod.starved_bytes) != bool(was.starved_bytes):
             change = "starts" if pod.starved_bytes else "stops"

@@ -92,7 +92,8 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         default=2,
         metavar="N",
-        help="consecutive observations over declared memory before the guard acts (default 2)",
+        help="observations over declared memory before the guard acts, counted until as many "
+        "in a row are within it (default 2)",
     )
     parser.add_argument(
         "--port",

@@ -191,3 +191,40 @@ def test_a_pod_given_the_gpu_is_listed_before_it_holds_memory() -> None:
         ("uid-b", "b", True)
     ]
     assert on_mig.pods == []
+
+
+def test_a_pod_of_many_gpu_containers_lists_as_many_as_the_crd_takes() -> None:
+    # 65 containers holding memory on one GPU: the CRD lists at most 64 names per pod,
+    # and the apiserver refused every report of the node, which then went stale with
+    # the pod's memory charged nowhere. The names are for people; the memory is summed.
+    from headroom.reports import report_object
+    from tests.agent.test_report_crd import problems, root_schema
+
+    cids = [f"{i:064x}" for i in range(65)]
+    wide = pod("wide", "uid-wide", namespace="ml")
+    wide["status"]["containerStatuses"] = [
+        {"name": f"c{i:02d}", "containerID": f"containerd://{cid}"} for i, cid in enumerate(cids)
+    ]
+    refs = {1000 + i: ContainerRef("uid-wide", cid) for i, cid in enumerate(cids)}
+    gpu = GPU(
+        index=0,
+        uuid="GPU-0",
+        product="A100",
+        total_bytes=40 * GIB,
+        used_bytes=65 * 100 * MIB,
+        free_bytes=40 * GIB - 65 * 100 * MIB,
+        processes=tuple(GPUProcess(pid, 100 * MIB) for pid in refs),
+    )
+    status = build_status(
+        node_name="n",
+        backend="nvml",
+        observed_at=NOW,
+        snapshot=Snapshot((gpu,)),
+        failure=None,
+        pods={"uid-wide": wide},
+        resolve=refs.get,
+    )
+    (usage,) = status.gpus[0].pods
+    assert usage.used_bytes == 65 * 100 * MIB
+    assert len(usage.containers) == 64
+    assert problems(root_schema(), report_object(status)) == []

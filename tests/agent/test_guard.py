@@ -91,9 +91,22 @@ def test_a_single_spike_is_ignored() -> None:
     pods = {"a": guarded("a", "strict")}
     assert guard.observe(report({"a": 12 * GIB}), pods, POLICIES, NAMESPACES) == []
     assert guard.observe(report({"a": 8 * GIB}), pods, POLICIES, NAMESPACES) == []
+    assert guard.observe(report({"a": 8 * GIB}), pods, POLICIES, NAMESPACES) == []
     assert (
         guard.observe(report({"a": 12 * GIB}), pods, POLICIES, NAMESPACES) == []
     )  # the count restarted
+
+
+def test_a_pod_over_every_other_observation_is_acted_on() -> None:
+    # 30 GiB for one observation, 8 for the next, over and over: the episode ended on
+    # every low one, so the streak never reached the grace, and the neighbours starved
+    # at every burst (a review's case; the seed's spiky pod).
+    guard = Guard(grace=2)
+    pods = {"a": guarded("a", "strict")}
+    verdicts = []
+    for used in (30, 8, 30, 8, 30):
+        verdicts += guard.observe(report({"a": used * GIB}), pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts][:2] == ["event", "evict"]
 
 
 def test_figures_carried_for_a_gpu_nvml_cannot_read_are_not_judged() -> None:
@@ -115,7 +128,8 @@ def test_warn_records_one_event_per_episode() -> None:
         for r in (over, over, over, over)
     ]
     assert kinds == [[], ["event"], [], []]
-    guard.observe(under, pods, POLICIES, NAMESPACES)  # back within bounds: the episode ends
+    for _ in range(2):  # back within bounds, as long as it took to act: the episode ends
+        guard.observe(under, pods, POLICIES, NAMESPACES)
     kinds = [[v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)] for r in (over, over)]
     assert kinds == [[], ["event"]]
 

@@ -59,10 +59,15 @@ def test_what_counts_as_a_change() -> None:
     policy = WritePolicy()
     base = status()
     assert change_reason(None, base, policy) == "first report"
-    assert change_reason(base, status(10 * GIB + 300 * MIB), policy) is None  # under 1 % of 40 GiB
-    reason = change_reason(base, status(10 * GIB + 500 * MIB), policy)
-    assert reason is not None
-    assert "used_bytes" in reason
+    # Falling, 1 % of the GPU (410 MiB here) is noise; rising, 256 MiB is not: on an
+    # 80 GB GPU 1 % is 815 MiB, above the extender's 512 MiB margin (a review's case).
+    assert change_reason(base, status(10 * GIB - 300 * MIB), policy) is None
+    assert change_reason(base, status(10 * GIB + 200 * MIB), policy) is None
+    for moved in (-500 * MIB, 300 * MIB):
+        reason = change_reason(base, status(10 * GIB + moved), policy)
+        assert reason is not None
+        assert "used_bytes" in reason
+    assert change_reason(base, status(pods={"p1": 10 * GIB + 300 * MIB}), policy) is not None
     assert (
         change_reason(base, status(pods={"p1": 10 * GIB, "p2": 0}), policy) == "gpu 0: pods changed"
     )
@@ -104,12 +109,20 @@ async def test_drift_is_measured_against_the_last_write_not_the_last_tick() -> N
     used = 10 * GIB
     await reporter.offer(status(used))
     written_after = []
-    for tick in range(1, 6):  # 200 MiB per tick: each step is noise, the sum is not
+    for tick in range(1, 6):  # 200 MiB less per tick: each step is noise, the sum is not
+        clock.advance(5)
+        used -= 200 * MIB
+        if await reporter.offer(status(used)):
+            written_after.append(tick)
+    assert written_after == [3]  # 600 MiB > 410 MiB
+    reporter, used, written_after = Reporter(writer, clock=clock.monotonic), 10 * GIB, []
+    await reporter.offer(status(used))
+    for tick in range(1, 6):  # 200 MiB more per tick: written once past 256 MiB
         clock.advance(5)
         used += 200 * MIB
         if await reporter.offer(status(used)):
             written_after.append(tick)
-    assert written_after == [3]  # 600 MiB > 410 MiB
+    assert written_after == [2, 4]
 
 
 async def test_api_errors_back_off_then_retry() -> None:
