@@ -122,6 +122,7 @@ class MigPolicy(_Strict):
 class GPUSharingPolicySpec(_Strict):
     mode: Mode = "shared"
     default_memory: MemoryQuantity | None = None
+    min_memory: MemoryQuantity | None = None
     max_memory: MemoryQuantity | None = None
     mig: MigPolicy = Field(default_factory=MigPolicy)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -150,12 +151,23 @@ class GPUSharingPolicySpec(_Strict):
             raise ValueError(
                 f"defaultMemory {self.default_memory} is above maxMemory {self.max_memory}"
             )
+        least = self.min_memory_bytes
+        if least is not None and limit is not None and least > limit:
+            raise ValueError(f"minMemory {self.min_memory} is above maxMemory {self.max_memory}")
+        if least is not None and default is not None and default < least:
+            raise ValueError(
+                f"defaultMemory {self.default_memory} is below minMemory {self.min_memory}"
+            )
         return self
 
     # Cached: a policy is parsed once per watch event and read on every admission.
     @cached_property
     def default_memory_bytes(self) -> int | None:
         return None if self.default_memory is None else parse_bytes(self.default_memory)
+
+    @cached_property
+    def min_memory_bytes(self) -> int | None:
+        return None if self.min_memory is None else parse_bytes(self.min_memory)
 
     @cached_property
     def max_memory_bytes(self) -> int | None:

@@ -114,6 +114,14 @@ class Declarations:
             self._within_limit(label, declared)
 
     def _within_limit(self, label: str, declared: int) -> None:
+        least = self.spec.min_memory_bytes
+        if least is not None and declared < least:
+            # A declaration of a few bytes would place the pod on an all but full GPU,
+            # leaving only the guard between its real use and its neighbours.
+            raise Denied(
+                f"{label} declares {format_bytes(declared)} of GPU memory, below "
+                f"minMemory {self.spec.min_memory} of policy {self.policy}"
+            )
         limit = self.spec.max_memory_bytes
         if limit is not None and declared > limit:
             raise Denied(

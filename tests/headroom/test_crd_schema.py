@@ -155,6 +155,14 @@ def test_both_sides_agree(spec: Any) -> None:
     [
         ({"defaultMemory": "8Gi", "maxMemory": "4Gi"}, "quantity(self.defaultMemory)"),
         (
+            {"minMemory": "8Gi", "maxMemory": "4Gi"},
+            "quantity(self.minMemory).compareTo(quantity(self.maxMemory))",
+        ),
+        (
+            {"minMemory": "8Gi", "defaultMemory": "4Gi"},
+            "quantity(self.minMemory).compareTo(quantity(self.defaultMemory))",
+        ),
+        (
             {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
             "self.operator != 'Exists'",
         ),

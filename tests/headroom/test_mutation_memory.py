@@ -63,6 +63,19 @@ def test_rule5_above_max_memory_is_denied_naming_both() -> None:
     )
 
 
+def test_rule5_below_min_memory_is_denied_naming_both() -> None:
+    # A declaration of a few bytes places the pod on an all but full GPU, and only the
+    # guard stands between its real use and the neighbours (a review's observation).
+    policy = make_policy("floored", defaultMemory="4Gi", minMemory="1Gi")
+    tiny = gpu_pod({"nvidia.com/gpu": "1"}, annotations={"headroom.dev/gpu-memory": "1"})
+    decision = run(tiny, policy)
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert decision.message == (
+        'container "c0" declares 1 of GPU memory, below minMemory 1Gi of policy floored'
+    )
+    assert run(gpu_pod({"nvidia.com/gpu": "1"}), policy).allowed  # the default is above it
+
+
 @pytest.mark.parametrize("resource", ["nvidia.com/gpu.shared", "nvidia.com/gpu"])
 def test_rule5_a_zero_gpu_count_beside_declared_memory_is_denied_naming_the_field(
     resource: str,
