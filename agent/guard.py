@@ -244,8 +244,13 @@ class Guard:
         usage = usage_by_pod(status)
         verdicts: list[Verdict] = []
         for uid in list(self._episodes):
-            if uid not in pods or uid not in usage:
-                del self._episodes[uid]  # gone, or holds no GPU memory now: not over
+            if uid not in pods:
+                del self._episodes[uid]  # gone
+            elif uid not in usage:  # holds no GPU memory now: a calm observation
+                episode = self._episodes[uid]
+                episode.calm += 1
+                if episode.calm >= self.grace:
+                    del self._episodes[uid]
         shared_node: bool | None = None  # read once, and only for a pod asking for no GPU
         for uid, devices in sorted(usage.items()):
             pod = pods.get(uid)

@@ -24,14 +24,14 @@ from pydantic.dataclasses import dataclass
 from headroom.names import API_VERSION, REPORT_KIND
 
 SCHEMA_VERSION = 1
-MAX_GPU_INDEX = 1023
-"""No node has more GPUs; a report giving a larger index is unreadable (and then
-never vouches for its node), rather than making every account of the node, and
-the NUMA groups kept for it, as large as the index (a review's case)."""
 """Bumped only when a field changes meaning, so that a reader must not trust what it
 would misread: readers fall back to declarations on any other version. A field
 added with a default that means "as before" (``PodUsage.allocated``) is no bump:
 an older extender ignores it, a newer one reads an older report as before."""
+MAX_GPU_INDEX = 1023
+"""No node has more GPUs; a report giving a larger index is unreadable (and then
+never vouches for its node), rather than making every account of the node, and
+the NUMA groups kept for it, as large as the index (a review's case)."""
 
 
 _CONFIG = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")

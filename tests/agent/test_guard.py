@@ -449,3 +449,15 @@ def test_a_pod_admitted_with_a_count_past_the_most_is_still_guarded() -> None:
         )
     actions = guard.observe(report({"a": 12 * GIB}), {"a": huge}, POLICIES, NAMESPACES)
     assert actions, "the guard had no measure for the pod"
+
+
+def test_a_pod_that_frees_everything_between_bursts_is_acted_on() -> None:
+    # Absent from the report on the low ticks (its processes exited), the pod's
+    # episode was dropped each time, so the streak never reached the grace.
+    guard = Guard(grace=2)
+    pods = {"a": guarded("a", "strict")}
+    verdicts = []
+    for used in (30, None, 30, None, 30):
+        usage = {} if used is None else {"a": used * GIB}
+        verdicts += guard.observe(report(usage), pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts][:2] == ["event", "evict"]
