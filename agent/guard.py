@@ -172,6 +172,21 @@ def shares_gpus(pods: Mapping[str, Pod]) -> bool:
     return False
 
 
+def declarations(pods: Mapping[str, Pod]) -> dict[str, int]:
+    """UID -> the memory per GPU each shared pod with a declaration declares: the least
+    the extender charges it on a GPU whatever it holds there (headroom.accounting),
+    so a rise in its use below that changes no charge (agent.reporter)."""
+    declared: dict[str, int] = {}
+    for uid, pod in pods.items():
+        try:
+            claim = parse_claim(pod)
+        except PodError:
+            continue
+        if claim.shared and not claim.mig and claim.declared is not None:
+            declared[uid] = claim.declared
+    return declared
+
+
 def allowance(pod: Pod) -> Allowance | None:
     """What the pod may hold, read as the extender reads it (headroom.claims); None
     when the guard has no measure for it (a legacy shared pod, whole GPUs)."""

@@ -2,12 +2,13 @@
 
 Writes are bounded. A report is written when it differs *significantly* from
 the last one written -- a GPU's used, free or unattributed memory, or a pod's
-usage, moved by more than ``max(threshold_bytes, threshold_fraction * GPU
-total)``; a pod, GPU or MIG device appeared or went; a pod started or stopped
-starving, or kubelet's word on its GPU came or went; a GPU's NVML error came,
-changed or went; a condition changed -- and
-otherwise once per ``heartbeat_seconds``, so readers can tell a live agent from
-a dead one by ``observedAt``.
+usage, fell by more than ``max(threshold_bytes, threshold_fraction * GPU
+total)`` or rose by more than the smaller of that and ``rise_bytes`` (a pod's
+rise judged by what the extender charges it, :func:`change_reason`); a pod, GPU
+or MIG device appeared or went; a pod started or stopped starving, or kubelet's
+word on its GPU came or went; a GPU's NVML error came, changed or went; a
+condition changed -- and otherwise once per ``heartbeat_seconds``, so readers
+can tell a live agent from a dead one by ``observedAt``.
 
 Write rate per node, with the defaults (5 s interval, 30 s heartbeat): 2 per
 minute when nothing moves, at most 12 per minute (one per tick) while memory
@@ -18,7 +19,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +44,19 @@ class WritePolicy:
     backoff_max_seconds: float = 60.0
 
 
-def change_reason(old: ReportStatus | None, new: ReportStatus, policy: WritePolicy) -> str | None:
-    """Why ``new`` is worth writing over ``old``; None when the difference is noise."""
+def change_reason(
+    old: ReportStatus | None,
+    new: ReportStatus,
+    policy: WritePolicy,
+    declared: Mapping[str, int] | None = None,
+) -> str | None:
+    """Why ``new`` is worth writing over ``old``; None when the difference is noise.
+
+    ``declared``: pod UID -> the memory it declares per GPU. The extender charges
+    such a pod ``max(declared, held)``, so a rise of its own use below that line
+    changes no charge and needs no early write (two pods trading 300 MiB every
+    tick would otherwise write every tick); it is still written past the 1%
+    threshold, as a fall is. Pods not in it are charged what they hold."""
     if old is None:
         return "first report"
     old_conditions = {(c.type, c.status, c.reason) for c in old.conditions}
@@ -54,13 +66,15 @@ def change_reason(old: ReportStatus | None, new: ReportStatus, policy: WritePoli
     if old_gpus.keys() != {gpu.uuid for gpu in new.gpus}:
         return "GPUs changed"
     for gpu in new.gpus:
-        reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy)
+        reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy, declared or {})
         if reason:
             return f"gpu {gpu.index}: {reason}"
     return None
 
 
-def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None:
+def _gpu_change(
+    old: GPUUsage, new: GPUUsage, policy: WritePolicy, declared: Mapping[str, int]
+) -> str | None:
     limit = max(policy.threshold_bytes, int(policy.threshold_fraction * new.total_bytes))
     rise = min(limit, policy.rise_bytes)
     for what, held in (
@@ -87,20 +101,24 @@ def _gpu_change(old: GPUUsage, new: GPUUsage, policy: WritePolicy) -> str | None
             return f"MIG {device.uuid} used moved"
         pairs.append((before.pods, device.pods))
     for before_pods, after_pods in pairs:
-        reason = _pods_change(before_pods, after_pods, limit, rise)
+        reason = _pods_change(before_pods, after_pods, limit, rise, declared)
         if reason:
             return reason
     return None
 
 
-def _pods_change(old: list[PodUsage], new: list[PodUsage], limit: int, rise: int) -> str | None:
+def _pods_change(
+    old: list[PodUsage], new: list[PodUsage], limit: int, rise: int, declared: Mapping[str, int]
+) -> str | None:
     before = {pod.uid: pod for pod in old}
     if before.keys() != {pod.uid for pod in new}:
         return "pods changed"
     for pod in new:
         was = before[pod.uid]
         moved = pod.used_bytes - was.used_bytes
-        if abs(moved) > (rise if moved > 0 else limit):
+        floor = declared.get(pod.uid, 0)
+        charged = max(floor, pod.used_bytes) - max(floor, was.used_bytes)
+        if abs(moved) > limit or charged > rise:
             return f"pod {pod.namespace}/{pod.name} moved {human_bytes(moved)}"
         if bool(pod.starved_bytes) != bool(was.starved_bytes):
             change = "starts" if pod.starved_bytes else "stops"
@@ -134,21 +152,21 @@ class Reporter:
         self.writes = 0
         self.errors = 0
 
-    def due(self, status: ReportStatus) -> str | None:
-        """Why ``status`` should be written now, or None."""
+    def due(self, status: ReportStatus, declared: Mapping[str, int] | None = None) -> str | None:
+        """Why ``status`` should be written now, or None (``declared``: :func:`change_reason`)."""
         now = self._clock()
         if now < self._retry_at:
             return None
         if self._failures:
             return "retry after error"
-        reason = change_reason(self.written, status, self.policy)
+        reason = change_reason(self.written, status, self.policy, declared)
         if reason is None and now - self._written_at >= self.policy.heartbeat_seconds:
             reason = "heartbeat"
         return reason
 
-    async def offer(self, status: ReportStatus) -> bool:
+    async def offer(self, status: ReportStatus, declared: Mapping[str, int] | None = None) -> bool:
         """Write ``status`` if due, on a worker thread; True when it was written."""
-        reason = self.due(status)
+        reason = self.due(status, declared)
         if reason is None:
             return False
         try:

@@ -33,7 +33,7 @@ from agent.caches import NodeCache, PolicyCache
 from agent.cgroups import container_of_pid
 from agent.client import PodActions, ReportWriter
 from agent.gpuspec import GPUSpec
-from agent.guard import Guard, Namespace, Verdict
+from agent.guard import Guard, Namespace, Verdict, declarations
 from agent.nvml import NvmlProbe
 from agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from agent.probe import BackendName, Probe, ProbeUnavailable, Snapshot
@@ -155,7 +155,7 @@ class Agent:
         self.last = status
         self._observe(status, failure is None)
         errors = self.reporter.errors
-        if await self.reporter.offer(status):
+        if await self.reporter.offer(status, declarations(pods)):
             self.metrics.report_writes.labels("ok").inc()
         elif self.reporter.errors > errors:
             self.metrics.report_writes.labels("error").inc()

@@ -3,10 +3,13 @@
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from agent.guard import Guard
+from agent.probe import GPU, BackendName, GPUProcess, Snapshot
 from agent.reporter import Reporter, WritePolicy, change_reason
+from agent.service import Agent
 from headroom.quantity import GIB, MIB
 from headroom.reports import Condition, GPUUsage, PodUsage, ReportStatus, parse_report
-from tests.agent.doubles import Clock, WriterDouble
+from tests.agent.doubles import ActionsDouble, Clock, WriterDouble, pod
 
 TOTAL = 40 * GIB  # 1 % is ~410 MiB, above the 64 MiB floor
 
@@ -153,3 +156,75 @@ async def test_write_rate_per_node() -> None:
         clock.advance(5)
     assert len(quiet.objects) == 20  # 2 per minute
     assert len(busy.objects) == 120  # 12 per minute: one per tick, never more
+
+
+def test_a_rise_below_the_declaration_changes_no_charge() -> None:
+    """The extender charges a declared pod max(declared, held): two pods trading
+    300 MiB every tick below their 10 GiB declarations moved no charge, and wrote
+    a report every tick (up to 12 a minute) until the rise was judged by the charge."""
+    policy = WritePolicy()
+    declared = {"p1": 10 * GIB, "p2": 10 * GIB}
+    base = status(pods={"p1": 5 * GIB, "p2": 5 * GIB + 300 * MIB})
+    swapped = status(pods={"p1": 5 * GIB + 300 * MIB, "p2": 5 * GIB})
+    assert change_reason(base, swapped, policy) == "gpu 0: pod ml/p1 moved 300.0 MiB"
+    assert change_reason(base, swapped, policy, declared) is None
+    # Past the declaration the rise is charged: written once the charge moves 256 MiB.
+    near = status(pods={"p1": 10 * GIB - 100 * MIB})
+    assert change_reason(near, status(pods={"p1": 10 * GIB + 200 * MIB}), policy, declared) is None
+    over = change_reason(near, status(pods={"p1": 10 * GIB + 300 * MIB}), policy, declared)
+    assert over == "gpu 0: pod ml/p1 moved 400.0 MiB"
+    # A pod the agent does not know the declaration of is charged what it holds.
+    assert change_reason(base, swapped, policy, {"p2": 10 * GIB}) is not None
+    # Beyond 1% of the GPU it is written as a fall is, below the declaration or not.
+    big = status(pods={"p1": 5 * GIB + 500 * MIB, "p2": 5 * GIB + 300 * MIB})
+    assert change_reason(base, big, policy, declared) == "gpu 0: pod ml/p1 moved 500.0 MiB"
+
+
+class Trading:
+    """A probe double: two pods trading 300 MiB each tick, the GPU's total unmoved."""
+
+    name: BackendName = "simulated"
+    blocking = False
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def snapshot(self) -> Snapshot:
+        self.ticks += 1
+        a, b = (5 * GIB, 5 * GIB + 300 * MIB)[:: 1 if self.ticks % 2 else -1]
+        processes = (
+            GPUProcess(pid=None, used_bytes=a, pod_uid="uid-a", container="main"),
+            GPUProcess(pid=None, used_bytes=b, pod_uid="uid-b", container="main"),
+        )
+        used = a + b
+        return Snapshot((GPU(0, "GPU-1", "A100", TOTAL, used, TOTAL - used, processes=processes),))
+
+    def close(self) -> None:
+        pass
+
+
+async def test_pods_trading_memory_below_their_declarations_write_heartbeats_only() -> None:
+    """Through the agent's tick: the declarations come from the pods' specs."""
+
+    def run(memory: str | None) -> Agent:
+        pods = {
+            uid: pod(name, uid, namespace="ml", memory=memory)
+            for name, uid in (("a", "uid-a"), ("b", "uid-b"))
+        }
+        return Agent(
+            node_name="gpu-node-1",
+            probe=Trading(),
+            reporter=Reporter(WriterDouble(), clock=clock.monotonic),
+            guard=Guard(),
+            actions=ActionsDouble(),
+            pods=lambda: pods,
+        )
+
+    clock = Clock()
+    declared, undeclared = run("10Gi"), run(None)
+    for _ in range(12):  # a minute of 5 s ticks
+        await declared.tick()
+        await undeclared.tick()
+        clock.advance(5)
+    assert undeclared.reporter.writes == 12  # legacy pods: charged what they hold
+    assert declared.reporter.writes == 2  # the first report and the 30 s heartbeat
