@@ -25,7 +25,7 @@ from typing import Any, Literal
 from headroom import names
 from headroom.mig import MigOffer
 from headroom.patch import diff
-from headroom.podspec import PodError, json_type, mapping, string_map
+from headroom.podspec import PodError, declared_memory, json_type, mapping, string_map
 from headroom.policy import GPUSharingPolicy
 from headroom.rewrite import Denied, InvalidMemory, Rewrite
 from headroom.scheduling import foreign_scheduler
@@ -129,6 +129,16 @@ def _decide(
     except InvalidMemory as err:
         if policy.spec.invalid_memory != "warn":
             return _refuse(str(err), policy_name, dry_run)
+        if not _whole_gpus_or_slices(rewrite):
+            # Unchanged, a pod that asks for a shared slot or declares memory itself
+            # would skip minMemory and maxMemory: one bad annotation would lift them.
+            return _refuse(
+                f"{err} (invalidMemory: warn passes unchanged only pods asking for whole "
+                f"GPUs or MIG slices; this one asks for {names.GPU_SHARED} or declares "
+                f"{names.GPU_MEMORY} itself, so its declaration must be checked)",
+                policy_name,
+                dry_run,
+            )
         warning = f"headroom: {err}; pod not changed (invalidMemory: warn)"
         return Decision(True, "unchanged", str(err), warnings=_lines([warning]), policy=policy_name)
     except Denied as err:
@@ -167,6 +177,16 @@ def _decide(
         annotations=rewrite.annotations,
         policy=policy_name,
     )
+
+
+def _whole_gpus_or_slices(rewrite: Rewrite) -> bool:
+    """The pod asks only for whole GPUs or MIG slices, none shared, and declares no memory."""
+    if rewrite.unplaced:
+        return False
+    for request in rewrite.requests:
+        if names.is_time_sliced(request.resource) or declared_memory(request.container) is not None:
+            return False
+    return True
 
 
 def _working_copy(pod: dict[str, Any]) -> dict[str, Any]:

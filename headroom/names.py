@@ -72,6 +72,12 @@ def mig_resource(profile: str) -> str:
     return MIG_PREFIX + profile.replace("+", ".")
 
 
+def is_time_sliced(name: str) -> bool:
+    """A time-sliced replica the device plugin renamed (``renameByDefault``): of a whole
+    GPU, ``nvidia.com/gpu.shared``, or of a MIG slice, ``nvidia.com/mig-1g.10gb.shared``."""
+    return name == GPU_SHARED or (name.startswith(MIG_PREFIX) and name.endswith(".shared"))
+
+
 def is_gpu_resource(name: str) -> bool:
     return name in (GPU, GPU_SHARED) or name.startswith(MIG_PREFIX)
 

@@ -19,7 +19,9 @@ Defaults, and why:
   warned; ``deny`` refuses the pod. Never silently overwritten.
 - ``invalidMemory: deny`` -- a malformed ``headroom.dev/gpu-memory`` annotation
   denies the pod naming the annotation and value; ``warn`` passes the pod
-  unchanged with a warning.
+  unchanged with a warning if it asks only for whole GPUs or MIG slices (one
+  asking for a shared slot or declaring memory itself would skip
+  ``minMemory``/``maxMemory``, and is denied).
 - ``guard: warn`` -- the agent records an Event when a pod holds more GPU
   memory than it declared; ``evict`` also evicts it; ``off`` does nothing.
 - ``envHints: false`` -- environment is the user's; hints are opt-in.

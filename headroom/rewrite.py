@@ -206,6 +206,13 @@ class Rewrite:
         label = _label(request.container)
         if resource == names.GPU_SHARED:
             return Placed(request, resource, "shared", declared.of(label, request.container))
+        if names.is_time_sliced(resource):  # a MIG slice's replicas
+            raise Denied(
+                f"{label} asks for {resource}, a time-sliced MIG slice: Headroom accounts "
+                f"GPU memory on {names.GPU_SHARED} only, so pods sharing the slice could take "
+                f"each other's memory; ask for {names.GPU} (the policy places it) or for the "
+                f"slice itself, {resource.removesuffix('.shared')}"
+            )
         if resource != names.GPU:
             profile = _profile(resource)
             allowed = spec.mig.allowed_profiles

@@ -155,6 +155,33 @@ def test_an_unlabelled_namespace_cannot_ask_for_shared_slots(
     assert code == 0, out
 
 
+def test_a_time_sliced_mig_slice_is_refused(cluster: Cluster, namespace: NamespaceFactory) -> None:
+    # The device plugin names a MIG slice's time-slicing replicas
+    # nvidia.com/mig-<profile>.shared. Read as a slice of its own, such a pod was
+    # admitted everywhere with no declaration: its neighbours on the slice uncharged.
+    sliced = {"nvidia.com/mig-1g.10gb.shared": "1"}
+    plain, policy = namespace(), namespace("gpu-shared")
+    for ns, expected in (
+        (plain, 'container "main" asks for a time-sliced MIG slice'),  # the admission policy
+        (policy, 'container "main" asks for nvidia.com/mig-1g.10gb.shared, a time-sliced'),
+    ):
+        tenant_of(cluster, ns)
+        pod = shared_pod(ns, "sliced", nodeName=NODE)
+        pod["spec"]["containers"][0]["resources"]["limits"] = dict(sliced)
+        code, out = create(cluster, pod, f"--as={TENANT}")
+        assert code != 0, out
+        assert expected in out, out
+        assert pods(cluster, ns) == []
+    exempt = namespace()  # an admin's choice of stock time-slicing: left alone
+    cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
+    pod = shared_pod(exempt, "sliced")
+    pod["spec"]["containers"][0]["resources"]["limits"] = dict(sliced)
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_gpu_memory_without_a_shared_slot_is_refused(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:

@@ -150,6 +150,31 @@ def test_rule5_invalid_memory_warn_passes_the_pod_unchanged() -> None:
     assert decision.warnings[0].startswith('headroom: annotation headroom.dev/gpu-memory="10Gx"')
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "1"},  # below minMemory
+        {"nvidia.com/gpu.shared": "1", "headroom.dev/gpu-memory": "64Gi"},  # above maxMemory
+        {"nvidia.com/gpu.shared": "1"},  # no declaration at all
+    ],
+)
+def test_rule5_invalid_memory_warn_leaves_no_declaration_unchecked(limits: dict[str, str]) -> None:
+    # A review's case: a pod asking for a shared slot itself, with one malformed
+    # annotation, passed unchanged, so minMemory and maxMemory were never applied.
+    policy = make_policy(
+        "lenient", defaultMemory="4Gi", minMemory="1Gi", maxMemory="20Gi", invalidMemory="warn"
+    )
+    junk = {"headroom.dev/gpu-memory.nosuchcontainer": "junk"}
+    decision = run(gpu_pod(limits, annotations=junk), policy)
+    assert (decision.allowed, decision.outcome, decision.patch) == (False, "denied", [])
+    assert decision.message.startswith(
+        'annotation headroom.dev/gpu-memory.nosuchcontainer="junk" is not a quantity'
+    ), decision.message
+    assert "invalidMemory: warn passes unchanged only pods asking for whole GPUs" in (
+        decision.message
+    )
+
+
 def test_rule5_no_default_and_no_annotation_is_denied_saying_how_to_fix_it() -> None:
     policy = make_policy("must-declare")
     decision = run(gpu_pod({"nvidia.com/gpu": "1"}), policy)

@@ -151,3 +151,16 @@ def test_rule4_me_profiles_use_the_device_plugin_spelling() -> None:
     result = patched(pod, run(pod, policy))
     assert container(result)["resources"]["limits"] == {"nvidia.com/mig-1g.10gb.me": "1"}
     assert result["metadata"]["annotations"]["headroom.dev/mig-profile"] == "1g.10gb+me"
+
+
+@pytest.mark.parametrize("policy", [mig_policy(), make_policy("gpu-shared", defaultMemory="4Gi")])
+def test_rule4_a_time_sliced_mig_slice_is_refused(policy: Any) -> None:
+    # A review's case: the device plugin time-slices a MIG slice as
+    # nvidia.com/mig-1g.10gb.shared; read as a slice of its own, it was admitted with
+    # no declaration, and pods sharing the slice went uncharged for its memory.
+    decision = run(gpu_pod({"nvidia.com/mig-1g.10gb.shared": "1"}), policy)
+    assert (decision.allowed, decision.patch) == (False, [])
+    assert decision.message.startswith(
+        'container "c0" asks for nvidia.com/mig-1g.10gb.shared, a time-sliced MIG slice'
+    ), decision.message
+    assert "nvidia.com/mig-1g.10gb" in decision.message
