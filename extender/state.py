@@ -246,15 +246,7 @@ class ClusterState:
             # to the grace period, and the allocator counts them; so its departure
             # counts as that much later (headroom.spread: more only charges more).
             late = kind == "DELETED" and not claim.terminated and not _stopped(obj)
-            # A re-list replays a deletion it missed with the pod's name and UID
-            # only: the grace period is then the longest this cache read of it.
-            grace = max(
-                [claim.grace]
-                + [known.grace for known in (self.pods.get(claim.uid),) if known is not None]
-                + [held.grace for held, *_ in self.assumed.get(claim.uid, {}).values()]
-            )
-            linger = min(grace, HISTORY_SECONDS) + LINGER_ALLOWANCE_SECONDS
-            self._drop(claim.uid, linger=linger if late else 0.0)
+            self._drop(claim.uid, linger=self._linger(claim.uid, claim.grace) if late else 0.0)
             return
         if self.pods.get(claim.uid) == claim:
             # Nothing an account reads has changed (kubelet's status: Running,
@@ -585,6 +577,25 @@ class ClusterState:
         self.assumed.setdefault(claim.uid, {})[node] = Hold(held, self.clock())
         self._assumed_on.setdefault(node, {})[claim.uid] = held
         self._touch(node)
+
+    def gone(self, uid: str) -> None:
+        """A read found the pod gone (404, or its name on another UID): as a deletion the
+        watch has not delivered. Nothing says kubelet has stopped it, so its replicas
+        count as held for its grace period (as for a forced deletion, :meth:`on_pod`):
+        ending its holds with no departure would let the bound on unlocated pods
+        (headroom.spread) count one replica fewer on the GPU kubelet still holds."""
+        self._drop(uid, linger=self._linger(uid))
+
+    def _linger(self, uid: str, grace: float = 0.0) -> float:
+        """How long after now the pod's replicas may still be held: the longest grace
+        period this cache read of it (a re-list replays a missed deletion with the
+        pod's name and UID only), up to :data:`HISTORY_SECONDS`, and the allowance."""
+        longest = max(
+            [grace]
+            + [known.grace for known in (self.pods.get(uid), self._pending.get(uid)) if known]
+            + [held.grace for held, *_ in self.assumed.get(uid, {}).values()]
+        )
+        return min(longest, HISTORY_SECONDS) + LINGER_ALLOWANCE_SECONDS
 
     def _interesting(self, claim: PodClaim, obj: Mapping[str, Any]) -> bool:
         return claim.wants_gpu or has_headroom_annotations(obj)

@@ -439,7 +439,7 @@ class Extender:
             return None
         uid = ((pod or {}).get("metadata") or {}).get("uid")
         if pod is None or (claim.uid and uid != claim.uid):
-            self.state.forget(claim.uid)
+            self.state.gone(claim.uid)
             return GONE
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
