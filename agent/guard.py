@@ -173,16 +173,17 @@ def shares_gpus(pods: Mapping[str, Pod]) -> bool:
 
 
 def declarations(pods: Mapping[str, Pod]) -> dict[str, int]:
-    """UID -> the memory per GPU each shared pod with a declaration declares: the least
-    the extender charges it on a GPU whatever it holds there (headroom.accounting),
-    so a rise in its use below that changes no charge (agent.reporter)."""
+    """UID -> the memory per GPU each running shared pod with a declaration declares:
+    the least the extender charges it on the GPU the report places it on, whatever it
+    holds there (headroom.accounting), so a rise in its use below that changes no
+    charge (agent.reporter). A pod that has ended is charged what it holds."""
     declared: dict[str, int] = {}
     for uid, pod in pods.items():
         try:
             claim = parse_claim(pod)
         except PodError:
             continue
-        if claim.shared and not claim.mig and claim.declared is not None:
+        if claim.shared and not claim.mig and claim.declared is not None and not claim.terminated:
             declared[uid] = claim.declared
     return declared
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from headroom.accounting import homes
 from headroom.quantity import MIB, human_bytes
 from headroom.reports import GPUUsage, PodUsage, ReportStatus, report_object
 
@@ -52,11 +53,15 @@ def change_reason(
 ) -> str | None:
     """Why ``new`` is worth writing over ``old``; None when the difference is noise.
 
-    ``declared``: pod UID -> the memory it declares per GPU. The extender charges
+    ``declared``: pod UID -> the memory it declares per GPU. On the one GPU the
+    report places it (:func:`headroom.accounting.homes`) the extender charges
     such a pod ``max(declared, held)``, so a rise of its own use below that line
     changes no charge and needs no early write (two pods trading 300 MiB every
     tick would otherwise write every tick); it is still written past the 1%
-    threshold, as a fall is. Pods not in it are charged what they hold."""
+    threshold, as a fall is. Elsewhere -- a GPU it was not given, no one GPU, a
+    home that moved -- it is charged what it holds, as are pods not in
+    ``declared``. The charge rises of a GPU's pods are added up: eight pods each
+    rising less than ``rise_bytes`` can still rise by more together."""
     if old is None:
         return "first report"
     old_conditions = {(c.type, c.status, c.reason) for c in old.conditions}
@@ -65,8 +70,14 @@ def change_reason(
     old_gpus = {gpu.uuid: gpu for gpu in old.gpus}
     if old_gpus.keys() != {gpu.uuid for gpu in new.gpus}:
         return "GPUs changed"
+    was_home, home = (homes(old), homes(new)) if declared else ({}, {})
     for gpu in new.gpus:
-        reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy, declared or {})
+        floors = {
+            uid: memory
+            for uid, memory in (declared or {}).items()
+            if home.get(uid) == gpu.index == was_home.get(uid)
+        }
+        reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy, floors)
         if reason:
             return f"gpu {gpu.index}: {reason}"
     return None
@@ -113,12 +124,14 @@ def _pods_change(
     before = {pod.uid: pod for pod in old}
     if before.keys() != {pod.uid for pod in new}:
         return "pods changed"
+    rises = 0
     for pod in new:
         was = before[pod.uid]
         moved = pod.used_bytes - was.used_bytes
         floor = declared.get(pod.uid, 0)
         charged = max(floor, pod.used_bytes) - max(floor, was.used_bytes)
-        if abs(moved) > limit or charged > rise:
+        rises += max(charged, 0)
+        if abs(moved) > limit or charged > rise or rises > rise:
             return f"pod {pod.namespace}/{pod.name} moved {human_bytes(moved)}"
         if bool(pod.starved_bytes) != bool(was.starved_bytes):
             change = "starts" if pod.starved_bytes else "stops"
