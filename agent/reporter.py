@@ -38,8 +38,9 @@ class WritePolicy:
     threshold_bytes: int = 64 * MIB
     threshold_fraction: float = 0.01
     rise_bytes: int = 256 * MIB
-    """Memory held rising by more than this is written at once, however large the GPU:
-    1% of an 80 GB GPU is 815 MiB, more than the extender's 512 MiB margin."""
+    """What the extender charges rising by more than this is written at once, however
+    large the GPU: 1% of an 80 GB GPU is 815 MiB, more than the extender's 512 MiB
+    margin (a pod's own rise below its declaration charges nothing more)."""
     heartbeat_seconds: float = 30.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
@@ -70,7 +71,12 @@ def change_reason(
     old_gpus = {gpu.uuid: gpu for gpu in old.gpus}
     if old_gpus.keys() != {gpu.uuid for gpu in new.gpus}:
         return "GPUs changed"
-    was_home, home = (homes(old), homes(new)) if declared else ({}, {})
+    was_home, home = homes(old), homes(new)
+    if was_home != home:
+        # Where the extender charges a pod moved: one placed on no one GPU any more is
+        # charged on every GPU, though no figure or flag of it need have moved (a
+        # process NVML reads as 0 bytes, where the report lists no allocations).
+        return "pods located differently"
     for gpu in new.gpus:
         floors = {
             uid: memory
@@ -111,20 +117,28 @@ def _gpu_change(
         if abs(moved) > (rise if moved > 0 else limit):
             return f"MIG {device.uuid} used moved"
         pairs.append((before.pods, device.pods))
+    # The GPU's unattributed memory is charged beside its pods': its rise adds to theirs.
+    unattributed = max(new.unattributed_bytes - old.unattributed_bytes, 0)
     for before_pods, after_pods in pairs:
-        reason = _pods_change(before_pods, after_pods, limit, rise, declared)
+        reason = _pods_change(before_pods, after_pods, limit, rise, declared, unattributed)
+        unattributed = 0  # the MIG devices' pods are summed each on their own
         if reason:
             return reason
     return None
 
 
 def _pods_change(
-    old: list[PodUsage], new: list[PodUsage], limit: int, rise: int, declared: Mapping[str, int]
+    old: list[PodUsage],
+    new: list[PodUsage],
+    limit: int,
+    rise: int,
+    declared: Mapping[str, int],
+    rises: int = 0,
 ) -> str | None:
+    """``rises``: what the charge of the pods' device has risen by already."""
     before = {pod.uid: pod for pod in old}
     if before.keys() != {pod.uid for pod in new}:
         return "pods changed"
-    rises = 0
     for pod in new:
         was = before[pod.uid]
         moved = pod.used_bytes - was.used_bytes

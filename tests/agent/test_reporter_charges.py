@@ -2,6 +2,7 @@
 headroom.accounting itself, for the cases a review found the declaration floor hid."""
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from agent.guard import Pod, declarations
@@ -135,3 +136,53 @@ def test_many_small_rises_add_up() -> None:
     before, after = accounted(node(1), pods, old)[0], accounted(node(1), pods, new)[0]
     assert after - before == 1000 * MIB
     assert change_reason(old, new, WritePolicy(), declarations(pods)) is not None
+
+
+def test_unattributed_memory_adds_to_the_pods_rises() -> None:
+    """The extender charges a GPU its pods' charges and its unattributed memory: b
+    (over its declaration) and unattributed memory each rise 250 MiB while a gives
+    500 MiB back below its own; the GPU's used is unmoved, its charge up 500 MiB."""
+    pods = {
+        "a": pod("a", "a", namespace="ml", memory="20Gi"),
+        "b": pod("b", "b", namespace="ml", memory="4Gi"),
+    }
+
+    def state(moved: int) -> ReportStatus:
+        a = PodUsage(
+            uid="a", namespace="ml", name="a", used_bytes=10 * GIB - 2 * moved, allocated=True
+        )
+        b = PodUsage(uid="b", namespace="ml", name="b", used_bytes=5 * GIB + moved, allocated=True)
+        usage = gpu(0, [a, b])
+        spare = GIB + moved
+        return report(
+            [
+                replace(
+                    usage,
+                    used_bytes=usage.used_bytes + spare,
+                    free_bytes=usage.free_bytes - spare,
+                    unattributed_bytes=spare,
+                )
+            ]
+        )
+
+    old, new = state(0), state(250 * MIB)
+    assert old.gpus[0].used_bytes == new.gpus[0].used_bytes
+    assert accounted(node(1), pods, new)[0] - accounted(node(1), pods, old)[0] == 500 * MIB
+    assert change_reason(old, new, WritePolicy(), declarations(pods)) is not None
+
+
+def test_a_pod_no_longer_on_one_gpu_is_written() -> None:
+    """A report without kubelet's allocations places a pod where it holds memory. b
+    held memory on GPU 0 only; a process of it on GPU 1 that NVML reads as 1 MiB
+    places it on no one GPU, so the extender charges it on both: GPU 1's charge
+    rises by b's declaration, though b's figures moved by 1 MiB."""
+    pods = {"b": pod("b", "b", namespace="ml", memory="20Gi")}
+
+    def state(stray: int) -> ReportStatus:
+        b = [PodUsage(uid="b", namespace="ml", name="b", used_bytes=5 * GIB)]
+        there = [PodUsage(uid="b", namespace="ml", name="b", used_bytes=stray)]
+        return report([gpu(0, b), gpu(1, there)])
+
+    old, new = state(0), state(MIB)
+    assert accounted(node(2), pods, new)[1] - accounted(node(2), pods, old)[1] > 19 * GIB
+    assert change_reason(old, new, WritePolicy(), declarations(pods)) == "pods located differently"
