@@ -173,6 +173,15 @@ class Rewrite:
         spec = policy.spec
         metadata = mapping(self.pod, "metadata", "metadata")
         annotations = string_map(metadata, "annotations", "metadata.annotations")
+        for request in self.requests:  # first: no annotation's fault hides this one
+            if request.resource != names.GPU_SHARED and names.is_time_sliced(request.resource):
+                raise Denied(
+                    f"{_label(request.container)} asks for {request.resource}, a time-sliced "
+                    f"MIG slice: Headroom accounts GPU memory on {names.GPU_SHARED} only, so "
+                    "pods sharing the slice could take each other's memory; ask for "
+                    f"{names.GPU} (the policy places it) or for the slice itself, "
+                    f"{request.resource.removesuffix('.shared')}"
+                )
         declared = Declarations(annotations, spec, policy.name)
         known = {container.name for container in containers(self.pod)}
         for name in sorted(set(declared.per_container) - known):
@@ -206,13 +215,6 @@ class Rewrite:
         label = _label(request.container)
         if resource == names.GPU_SHARED:
             return Placed(request, resource, "shared", declared.of(label, request.container))
-        if names.is_time_sliced(resource):  # a MIG slice's replicas
-            raise Denied(
-                f"{label} asks for {resource}, a time-sliced MIG slice: Headroom accounts "
-                f"GPU memory on {names.GPU_SHARED} only, so pods sharing the slice could take "
-                f"each other's memory; ask for {names.GPU} (the policy places it) or for the "
-                f"slice itself, {resource.removesuffix('.shared')}"
-            )
         if resource != names.GPU:
             profile = _profile(resource)
             allowed = spec.mig.allowed_profiles

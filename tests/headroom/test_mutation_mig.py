@@ -158,9 +158,16 @@ def test_rule4_a_time_sliced_mig_slice_is_refused(policy: Any) -> None:
     # A review's case: the device plugin time-slices a MIG slice as
     # nvidia.com/mig-1g.10gb.shared; read as a slice of its own, it was admitted with
     # no declaration, and pods sharing the slice went uncharged for its memory.
-    decision = run(gpu_pod({"nvidia.com/mig-1g.10gb.shared": "1"}), policy)
-    assert (decision.allowed, decision.patch) == (False, [])
-    assert decision.message.startswith(
-        'container "c0" asks for nvidia.com/mig-1g.10gb.shared, a time-sliced MIG slice'
-    ), decision.message
-    assert "nvidia.com/mig-1g.10gb" in decision.message
+    sliced = {"nvidia.com/mig-1g.10gb.shared": "1"}
+    warn = make_policy("lenient", defaultMemory="4Gi", invalidMemory="warn")
+    for pod, under in (
+        (gpu_pod(sliced), policy),
+        # The refusal names the slice, not a malformed annotation beside it.
+        (gpu_pod(sliced, annotations={"headroom.dev/gpu-memory": "10Gx"}), warn),
+    ):
+        decision = run(pod, under)
+        assert (decision.allowed, decision.patch) == (False, [])
+        assert decision.message.startswith(
+            'container "c0" asks for nvidia.com/mig-1g.10gb.shared, a time-sliced MIG slice'
+        ), decision.message
+        assert decision.message.endswith("or for the slice itself, nvidia.com/mig-1g.10gb")
