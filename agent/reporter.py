@@ -81,7 +81,7 @@ def change_reason(
         floors = {
             uid: memory
             for uid, memory in (declared or {}).items()
-            if home.get(uid) == gpu.index == was_home.get(uid)
+            if home.get(uid) == gpu.index  # and in ``old``: the homes are the same
         }
         reason = _gpu_change(old_gpus[gpu.uuid], gpu, policy, floors)
         if reason:
