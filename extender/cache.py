@@ -76,6 +76,7 @@ class Caches:
                 keep=identity,
             ),
         )
+        self.pods = self.informers[1]
         path = leadership.path() if leadership is not None else None
         if leadership is not None and path is not None:
             self.informers += (

@@ -16,8 +16,11 @@ A filter that answers before such a binding shows up on the pod watch counts
 its node short, and can fit another pod into the same memory. So the extender
 refuses filter and bind, with an error kube-scheduler retries after its
 backoff, until binds sent before then can no longer be stored
-(``verify_after``, the bound the holds already rest on) and the watch has had
-time to show them (:data:`WATCH_ALLOWANCE_SECONDS`): after it starts, and --
+(``verify_after``, the bound the holds already rest on), the watch has had
+time to show them (:data:`WATCH_ALLOWANCE_SECONDS`), and -- since no time
+can be known by which a lagging watch has -- its pod cache comes from a list
+begun after that (:meth:`Leadership.list_from`; extender.service re-lists
+then): after it starts, and --
 with ``--leader-lease`` -- after its own kube-scheduler is seen taking the
 lease from another pod's (or ``leaseTransitions`` says a leader came and went
 unseen), and while no renewal by its own kube-scheduler has been seen for two
@@ -62,8 +65,12 @@ class Leadership:
         """``lease``: ``namespace/name`` of the scheduler's leader-election Lease, or None
         when the scheduler does not elect a leader (only the restart is waited for).
         ``identity``: this pod's hostname, which its kube-scheduler's identity starts with."""
+        self.verify_after = verify_after
         self.settle = verify_after + WATCH_ALLOWANCE_SECONDS
         self.lease = lease
+        self.view: Callable[[], float | None] | None = None
+        """When (``clock``) the pod cache's latest complete list began
+        (kube.informer.Informer.listed_from); None: not checked (plain-data tests)."""
         self.identity = identity if identity is not None else socket.gethostname()
         self.clock = clock
         self.started = clock()
@@ -150,13 +157,32 @@ class Leadership:
             return holder != self.last_holder
         return transitions - self.transitions > (0 if holder == self.last_holder else 1)
 
+    def list_from(self) -> float:
+        """The pod cache must come from a list begun at or after this (``clock``): a bind
+        sent before this extender started, or before its kube-scheduler was seen taking
+        the lease, may be stored until ``verify_after`` later. A list begun after that
+        shows it; the watch may show it late (a storm, a slow apiserver, the pages of a
+        long first list), and no time after which it surely has can be known."""
+        since = self.since if self.lease is not None and self.since is not None else 0.0
+        return max(self.started, since) + self.verify_after
+
+    def _listed_from(self, point: float) -> bool:
+        """Whether the pod cache's latest complete list began at ``point`` or later."""
+        if self.view is None:
+            return True
+        listed = self.view()
+        return listed is not None and listed >= point
+
     def starting(self) -> str | None:
         """Why this extender, just started, must wait (also /readyz's answer); None: it
         need not. Constant text: kube-scheduler writes a pod's condition when it changes."""
-        if self.clock() < self.started + self.settle:
+        if self.clock() < self.started + self.settle or not self._listed_from(
+            self.started + self.verify_after
+        ):
             return (
                 f"headroom extender just started: binds sent before it started may still "
-                f"land; it answers {self.settle:.0f}s after its start; retry"
+                f"land; it answers once it has listed the pods {self.verify_after:.0f}s "
+                f"after its start, and {self.settle:.0f}s after at the earliest; retry"
             )
         return None
 
@@ -178,11 +204,14 @@ class Leadership:
                 f"headroom extender: the lease watch has shown no renewal of {self.lease} by "
                 f"this pod's kube-scheduler for over {self.duration * 2 / 3:.0f}s; retry"
             )
-        elif now < self.since + self.settle:
+        elif now < self.since + self.settle or not self._listed_from(
+            self.since + self.verify_after
+        ):
             return (
                 f"headroom extender: this kube-scheduler took the lease {self.lease} from "
-                f"another; the previous leader's binds may still land; it answers "
-                f"{self.settle:.0f}s after; retry"
+                f"another; the previous leader's binds may still land; it answers once it "
+                f"has listed the pods {self.verify_after:.0f}s after, and {self.settle:.0f}s "
+                "after at the earliest; retry"
             )
         else:
             return None

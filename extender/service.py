@@ -22,7 +22,7 @@ from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECOND
 from headroom.names import HEADROOM_SCHEDULER
 from headroom.preemption import BUDGET_SECONDS
 from kube.config import credentials
-from kube.informer import LIST_TIMEOUT_SECONDS
+from kube.informer import LIST_TIMEOUT_SECONDS, Informer
 from kube.rest import Rest
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,24 @@ async def _requeue_after_sync(
     notifier.start(name for name, node in state.nodes.items() if node.count)
 
 
+async def relist_for_leadership(pods: Informer, leadership: Leadership, every: float = 0.5) -> None:
+    """List the pods again once binds sent before this extender started, or before its
+    kube-scheduler took the lease, can no longer be stored (Leadership.list_from):
+    filter and bind wait for that list, not for the watch to show them in time."""
+    asked: float | None = None
+    while True:
+        await asyncio.sleep(every)
+        point = leadership.list_from()
+        listed = pods.listed_from
+        if leadership.clock() < point or asked == point:
+            continue
+        if listed is not None and listed >= point:
+            continue
+        asked = point
+        log.info("re-listing pods: binds sent before this extender led may have landed since")
+        pods.relist()
+
+
 async def _verify(extender: Extender, every: float) -> None:
     """Read pods held by binds the watch has not confirmed, every ``every`` seconds."""
     while True:
@@ -117,6 +135,8 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     budgets = Budgets()
     leadership = Leadership(settings.verify_after_seconds, lease=settings.leader_lease)
     caches = Caches(watches, state, advertiser, budgets=budgets.on_event, leadership=leadership)
+    pods = caches.pods
+    leadership.view = lambda: pods.listed_from
     extender = Extender(
         state,
         api_binder(calls),
@@ -141,6 +161,7 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     collector = asyncio.create_task(_collect_after_sync(caches))
     requeue = asyncio.create_task(_requeue_after_sync(caches, state, notifier, leadership))
     verifier = asyncio.create_task(_verify(extender, settings.verify_after_seconds))
+    relister = asyncio.create_task(relist_for_leadership(pods, leadership))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,5 +181,6 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         collector.cancel()
         requeue.cancel()
         verifier.cancel()
+        relister.cancel()
         caches.stop()
         await runner.cleanup()

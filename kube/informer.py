@@ -103,11 +103,17 @@ class Informer:
         handler: Handler | None = None,
         on_resync: Callable[[], None] | None = None,
         keep: Callable[[Object], Object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **list_kwargs: Any,
     ) -> None:
         """``keep`` maps each object to what ``items`` stores (default: all of it).
         :func:`identity`: ``items`` stays empty, only :attr:`uids` is kept."""
         self.name = name
+        self.clock = clock
+        self.listed_from: float | None = None
+        """When (``clock``) the latest complete list asked for its first page: the cache
+        shows at least everything stored before then (a paged list is one snapshot,
+        taken when its first page is served), the watch what came after."""
         self.items: dict[str, Object] = {}
         self.uids: dict[str, str] = {}
         """Key -> UID of every object listed or watched and not deleted since."""
@@ -135,6 +141,14 @@ class Informer:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    def relist(self) -> None:
+        """List again now, then watch from that list: what was stored before now is
+        in the cache once :attr:`listed_from` is now or later, however the watch lags."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        self.start()
 
     def blind_for(self, now: float | None = None) -> float:
         """Seconds since the watch broke without a good list since (0 while watching)."""
@@ -180,6 +194,7 @@ class Informer:
         seen: set[str] = set()
         token: str | None = None
         limit = FIRST_PAGE
+        began = self.clock()
         while True:
             raw = await self._source.list(limit=limit, token=token)
             size = len(raw)
@@ -198,6 +213,7 @@ class Informer:
             del body
             token = metadata.get("continue") or None
             if token is None:
+                self.listed_from = began
                 self._listed(seen)
                 self.relists += 1
                 return str(metadata.get("resourceVersion", ""))
@@ -228,6 +244,7 @@ class Informer:
 
     def _replace(self, objects: dict[str, Object]) -> None:
         """A whole list at once (one page): what :meth:`_relist` does in pages."""
+        self.listed_from = self.clock()
         self._page(objects)
         self._listed(set(objects))
 

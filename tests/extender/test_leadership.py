@@ -7,6 +7,10 @@ binding shows on its pod watch it counts the node short: a filter in between
 could fit a second pod into the same GPU memory.
 """
 
+import asyncio
+import copy
+import json
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +18,13 @@ import pytest
 
 from extender import verbs
 from extender.leadership import WATCH_ALLOWANCE_SECONDS, Leadership
-from tests.extender.conftest import Harness
+from extender.service import relist_for_leadership
+from extender.state import ClusterState
+from extender.verbs import Extender
+from extender.wire import ExtenderArgs
+from kube.informer import Informer, identity
+from tests.extender.conftest import MARGIN, Harness, PodReader, RecordingBinder
+from tests.extender.objects import gpu_node, gpu_pod
 from tests.extender.test_server import fixture, post, seed_cluster
 
 VERIFY_AFTER = 10.0
@@ -269,3 +279,112 @@ async def test_readyz_waits_out_a_restart_but_not_a_standby(harness: Harness) ->
     assert (await harness.client.get("/readyz")).status == 200
     _, result = await post(harness, "filter", fixture("filter-node-names.json"))
     assert "held by scheduler-a_0f8e" in result["Error"]
+
+
+class PagedPods:
+    """The apiserver's paged pod list: every page from the snapshot taken when the first
+    page was served (continue tokens keep it), each ``per_page`` seconds slow."""
+
+    def __init__(self, clock: Clock, pods: list[dict[str, Any]], per_page: float) -> None:
+        self.clock, self.pods, self.per_page = clock, pods, per_page
+        self.snapshot: list[dict[str, Any]] = []
+
+    async def list(self, *, limit: int, token: str | None) -> bytes:
+        if token is None:
+            self.snapshot = copy.deepcopy(self.pods)
+        self.clock.now += self.per_page
+        start = int(token or 0)
+        more = start + 1 < len(self.snapshot)
+        metadata = {"continue": str(start + 1)} if more else {"resourceVersion": "100"}
+        return json.dumps(
+            {"metadata": metadata, "items": self.snapshot[start : start + 1]}
+        ).encode()
+
+    def watch(self, *, version: str) -> AsyncGenerator[dict[str, Any], None]:
+        raise NotImplementedError  # these tests list only
+
+
+async def test_a_restart_waits_for_a_pod_list_that_shows_the_old_binds() -> None:
+    """A review's case. The old extender's POST of p is stored 2 s after the new one
+    starts (inside verify_after). The new one's first list is paged and slow: its
+    snapshot, taken at 0.5 s, shows p unbound; the list completes at 20.5 s, after the
+    15 s wait had ended on the clock, and the watch from it has not shown p's binding
+    yet. q's filter then fitted q into the room p had taken."""
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, verify_after=VERIFY_AFTER, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a"))  # one A100 40 GB
+    p, q = gpu_pod("p", declared="20Gi"), gpu_pod("q", declared="20Gi")
+    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock)
+    source = PagedPods(clock, [p, q, *(gpu_pod(f"c{i}", shared=0) for i in range(3))], 4.0)
+    pods = Informer(source, name="pods", handler=state.on_pod, keep=identity, clock=clock)
+    leadership.view = lambda: pods.listed_from
+    binder = RecordingBinder()
+    reader = PodReader(binder)
+    reader.put(q)
+    extender = Extender(
+        state, binder, reader=reader, ready=pods.synced.is_set, waiting=leadership.waiting
+    )
+    clock.now += 0.5
+    listing = asyncio.ensure_future(pods._relist())
+    await asyncio.sleep(0)  # the first page is asked for: the snapshot shows p unbound
+    source.pods[0] = {**p, "spec": {**p["spec"], "nodeName": "gpu-a"}}  # stored at 2 s
+    await listing
+    assert clock.now > leadership.started + SETTLE  # the old wait was over
+    waiting = leadership.waiting()
+    assert waiting is not None
+    assert "once it has listed the pods 10s after its start" in waiting
+    assert "just started" in extender.filter(ExtenderArgs(Pod=q, NodeNames=["gpu-a"])).Error
+    await pods._relist()  # begun after start + verify_after: p is bound in it
+    assert leadership.waiting() is None
+    refused = extender.filter(ExtenderArgs(Pod=q, NodeNames=["gpu-a"]))
+    assert refused.NodeNames == [], refused
+    assert "headroom < 20.0 GiB declared" in refused.FailedNodes["gpu-a"]
+
+
+def test_a_new_leader_waits_for_a_pod_list_begun_after_the_old_leaders_binds() -> None:
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    listed = [clock.now]  # the pod cache's list, long before the change
+    leadership.view = lambda: listed[0]
+    leadership.on_lease("ADDED", lease("scheduler-a_0f8e", 3))
+    renew(leadership, clock, 600, "scheduler-a_0f8e", 3)
+    leadership.on_lease("MODIFIED", lease("scheduler-b_7c21", 4))
+    changed = clock.now
+    assert leadership.list_from() == changed + VERIFY_AFTER
+    renew(leadership, clock, SETTLE + 30, "scheduler-b_7c21", 4)  # a lagging watch
+    assert "once it has listed the pods" in (leadership.waiting() or "")
+    listed[0] = changed + VERIFY_AFTER - 0.1  # begun too early: may miss a late bind
+    assert leadership.waiting() is not None
+    listed[0] = changed + VERIFY_AFTER
+    assert leadership.waiting() is None
+
+
+class Relisted:
+    """An informer as relist_for_leadership sees it."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.listed_from: float | None = clock.now
+        self.relists: list[float] = []
+
+    def relist(self) -> None:
+        self.relists.append(self.clock.now)
+
+
+async def test_the_pods_are_listed_again_once_and_only_when_due() -> None:
+    clock = Clock()
+    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock)
+    pods = Relisted(clock)
+    task = asyncio.create_task(relist_for_leadership(pods, leadership, every=0.001))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.02)
+        assert pods.relists == []  # before start + verify_after, a list would be too early
+        clock.now += VERIFY_AFTER
+        await asyncio.sleep(0.02)
+        assert pods.relists == [clock.now]  # once, however long the list takes
+        pods.listed_from = clock.now
+        clock.now += 600
+        await asyncio.sleep(0.02)
+        assert pods.relists == [clock.now - 600]  # listed late enough: nothing more
+    finally:
+        task.cancel()
