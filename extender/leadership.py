@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 WATCH_ALLOWANCE_SECONDS = 5.0
 """After the last moment a foreign binding POST can be stored, how long the pod watch
-gets to show it. Measured watch lag is well under a second (extender_watch_lag_seconds)."""
+gets to show it. Measured watch lag is well under a second (extender_watch_lag_seconds),
+but no lag can be ruled out: what makes the answers safe is the pod list begun after
+that moment (:meth:`Leadership.list_from`). This keeps the wait at 15 s at least."""
 
 
 LEASE_DURATION_SECONDS = 15

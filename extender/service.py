@@ -91,7 +91,10 @@ async def relist_for_leadership(pods: Informer, leadership: Leadership, every: f
         if listed is not None and listed >= point:
             continue
         asked = point
-        log.info("re-listing pods: binds sent before this extender led may have landed since")
+        log.info(
+            "re-listing pods: binds sent before this extender started, or before its "
+            "kube-scheduler took the lease, may have landed unseen"
+        )
         pods.relist()
 
 

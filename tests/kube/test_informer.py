@@ -1,9 +1,14 @@
-"""The informer's cache on plain data: a recreated object is a delete plus an add; blindness."""
+"""The informer's cache on plain data: a recreated object is a delete plus an add; blindness;
+a re-list on demand (extender.leadership), reviewed against a source the test drives."""
 
+import asyncio
 import json
+from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
+from extender.leadership import Leadership
+from extender.service import relist_for_leadership
 from extender.state import ClusterState
 from kube.informer import FIRST_PAGE, PAGE_BYTES, PAGE_SIZE, Informer, identity, next_limit
 from tests.extender.objects import gpu_node, gpu_pod, uid_of
@@ -108,3 +113,171 @@ def test_pages_are_sized_by_what_the_last_page_weighed() -> None:
     assert next_limit(100 * 600, 100) == PAGE_SIZE  # namespaces: never above PAGE_SIZE
     assert next_limit(10 * 2_000_000, 10) == 10  # 2 MB pods: never below 10
     assert next_limit(0, 0) == PAGE_SIZE  # an empty page says nothing
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Controlled:
+    """List pages and watch events handed out by the test; records open/closed watches."""
+
+    def __init__(self) -> None:
+        self.pods: list[dict[str, Any]] = []
+        self.gate: asyncio.Queue[None] | None = None  # when set, each page waits for a put
+        self.fail: list[Exception] = []
+        self.lists = 0
+        self.queues: list[asyncio.Queue[dict[str, Any]]] = []
+        self.open = 0
+
+    async def list(self, *, limit: int, token: str | None) -> bytes:
+        self.lists += 1
+        if self.gate is not None:
+            await self.gate.get()
+        if self.fail:
+            raise self.fail.pop(0)
+        start = int(token or 0)
+        snap = self.pods
+        more = start + 1 < len(snap)
+        meta = {"continue": str(start + 1)} if more else {"resourceVersion": "100"}
+        return json.dumps({"metadata": meta, "items": snap[start : start + 1]}).encode()
+
+    async def watch(self, *, version: str) -> AsyncGenerator[dict[str, Any], None]:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queues.append(q)
+        self.open += 1
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self.open -= 1
+
+
+def controlled(clock: Clock) -> tuple[Informer, Controlled, list[tuple[str, str]]]:
+    src = Controlled()
+    events: list[tuple[str, str]] = []
+    inf = Informer(
+        src,
+        name="pods",
+        keep=identity,
+        clock=clock,
+        handler=lambda k, o: events.append((k, o["metadata"]["name"])),
+    )
+    return inf, src, events
+
+
+async def spin(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_relist_mid_watch_closes_the_old_watch_and_sweeps_deletions() -> None:
+    clock = Clock()
+    inf, src, events = controlled(clock)
+    src.pods = [pod("a", "ua"), pod("b", "ub")]
+    inf.start()
+    await spin()
+    assert inf.synced.is_set()
+    assert src.open == 1
+    assert inf.listed_from == 1000.0
+    old_q = src.queues[0]
+    old_q.put_nowait({"type": "ADDED", "object": pod("c", "uc", "101")})
+    await spin()
+    assert "ns/c" in inf.uids
+    # b and c deleted while the watch is replaced; an event queued on the old watch
+    # must never be applied once relist() returned.
+    old_q.put_nowait({"type": "ADDED", "object": pod("late", "ul", "102")})
+    src.pods = [pod("a", "ua", "103")]
+    clock.now = 2000.0
+    inf.relist()
+    await spin()
+    assert src.open == 1
+    assert len(src.queues) == 2
+    assert set(inf.uids) == {"ns/a"}, inf.uids
+    assert inf.listed_from == 2000.0
+    assert ("DELETED", "b") in events
+    assert ("DELETED", "c") in events
+    src.queues[1].put_nowait({"type": "ADDED", "object": pod("d", "ud", "104")})
+    await spin()
+    assert set(inf.uids) == {"ns/a", "ns/d"}
+    inf.stop()
+    await spin()
+
+
+async def test_relist_while_the_first_list_is_paging_and_repeatedly() -> None:
+    clock = Clock()
+    inf, src, events = controlled(clock)
+    src.gate = asyncio.Queue()
+    src.pods = [pod("a", "ua"), pod("b", "ub"), pod("c", "uc")]
+    inf.start()
+    await spin()
+    src.gate.put_nowait(None)  # page 1 (a) of list 1
+    await spin()
+    assert set(inf.uids) == {"ns/a"}
+    assert not inf.synced.is_set()
+    src.pods = [pod("b", "ub"), pod("c", "uc")]  # a deleted meanwhile
+    for t in (1001.0, 1002.0, 1003.0):  # relist several times, each mid-page
+        clock.now = t
+        inf.relist()
+        await spin()
+    for _ in range(10):
+        src.gate.put_nowait(None)
+    await spin(50)
+    assert inf.synced.is_set()
+    assert inf.listed_from == 1003.0
+    assert set(inf.uids) == {"ns/b", "ns/c"}
+    assert ("DELETED", "a") in events
+    assert src.open == 1  # one watch only
+    inf.stop()
+    await spin()
+
+
+async def test_relister_asks_again_when_since_moves_and_a_failed_list_is_retried() -> None:
+    clock = Clock()
+    inf, src, _ = controlled(clock)
+    src.pods = [pod("a", "ua")]
+    lead = Leadership(10.0, lease="ns/l", identity="me", clock=clock)
+    lead.view = lambda: inf.listed_from
+    inf.start()
+    await spin()
+    task = asyncio.create_task(relist_for_leadership(inf, lead, every=0.001))
+    try:
+        clock.now = 1010.0
+        await asyncio.sleep(0.02)
+        assert inf.listed_from == 1010.0
+        assert lead.starting() is not None
+        clock.now = 1015.0
+        assert lead.starting() is None
+        # our scheduler takes the lease; the next list fails once (backoff ~1 s)
+        lead.on_lease(
+            "ADDED", {"spec": {"holderIdentity": "me_1", "leaseTransitions": 1, "renewTime": "x"}}
+        )
+        assert lead.since == 1015.0
+        src.fail = [RuntimeError("boom")]
+        clock.now = 1025.0
+        await asyncio.sleep(0.02)
+        # since moves later while that point's list is still failing
+        lead.on_lease(
+            "MODIFIED",
+            {"spec": {"holderIdentity": "other", "leaseTransitions": 2, "renewTime": "y"}},
+        )
+        lead.on_lease(
+            "MODIFIED",
+            {"spec": {"holderIdentity": "me_2", "leaseTransitions": 3, "renewTime": "z"}},
+        )
+        assert lead.since == 1025.0
+        clock.now = 1035.0
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if inf.listed_from == 1035.0:
+                break
+        assert inf.listed_from == 1035.0
+        assert lead._listed_from(lead.since + 10.0)
+    finally:
+        task.cancel()
+        inf.stop()
+        await spin()
