@@ -144,8 +144,8 @@ def _pods_change(
         moved = pod.used_bytes - was.used_bytes
         floor = declared.get(pod.uid, 0)
         charged = max(floor, pod.used_bytes) - max(floor, was.used_bytes)
-        rises += max(charged, 0)
-        if abs(moved) > limit or charged > rise or rises > rise:
+        rises += max(charged, 0)  # the GPU's rise so far, this pod's included
+        if abs(moved) > limit or rises > rise:
             return f"pod {pod.namespace}/{pod.name} moved {human_bytes(moved)}"
         if bool(pod.starved_bytes) != bool(was.starved_bytes):
             change = "starts" if pod.starved_bytes else "stops"

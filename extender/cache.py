@@ -53,6 +53,14 @@ class Caches:
             if advertiser is not None:
                 advertiser.on_node(kind, obj)
 
+        self.pods = Informer(
+            Resource(rest, "/api/v1/pods", fieldSelector=LIVE_PODS),
+            name="pods",
+            handler=state.on_pod,
+            on_resync=state.on_pod_resync,
+            keep=identity,
+        )
+        """Listed again on demand after a restart or a lease change (extender.leadership)."""
         self.informers: tuple[Informer, ...] = (
             Informer(
                 Resource(rest, "/api/v1/nodes"),
@@ -61,13 +69,7 @@ class Caches:
                 on_resync=state.on_resync,
                 keep=identity,
             ),
-            Informer(
-                Resource(rest, "/api/v1/pods", fieldSelector=LIVE_PODS),
-                name="pods",
-                handler=state.on_pod,
-                on_resync=state.on_pod_resync,
-                keep=identity,
-            ),
+            self.pods,
             Informer(
                 Resource(rest, reports),
                 name=names.REPORT_PLURAL,
@@ -76,7 +78,6 @@ class Caches:
                 keep=identity,
             ),
         )
-        self.pods = self.informers[1]
         path = leadership.path() if leadership is not None else None
         if leadership is not None and path is not None:
             self.informers += (

@@ -26,6 +26,9 @@ from kube.informer import Informer, identity
 from tests.extender.conftest import MARGIN, Harness, PodReader, RecordingBinder
 from tests.extender.objects import gpu_node, gpu_pod
 from tests.extender.test_server import fixture, post, seed_cluster
+from tests.kube.test_informer import Clock as DrivenClock
+from tests.kube.test_informer import controlled, spin
+from tests.kube.test_informer import pod as listed_pod
 
 VERIFY_AFTER = 10.0
 SETTLE = VERIFY_AFTER + WATCH_ALLOWANCE_SECONDS
@@ -388,3 +391,50 @@ async def test_the_pods_are_listed_again_once_and_only_when_due() -> None:
         assert pods.relists == [clock.now - 600]  # listed late enough: nothing more
     finally:
         task.cancel()
+
+
+async def test_relister_asks_again_when_since_moves_and_a_failed_list_is_retried() -> None:
+    clock = DrivenClock()
+    inf, src, _ = controlled(clock)
+    src.pods = [listed_pod("a", "ua")]
+    lead = Leadership(10.0, lease="ns/l", identity="me", clock=clock)
+    lead.view = lambda: inf.listed_from
+    inf.start()
+    await spin()
+    task = asyncio.create_task(relist_for_leadership(inf, lead, every=0.001))
+    try:
+        clock.now = 1010.0
+        await asyncio.sleep(0.02)
+        assert inf.listed_from == 1010.0
+        assert lead.starting() is not None
+        clock.now = 1015.0
+        assert lead.starting() is None
+        # our scheduler takes the lease; the next list fails once (backoff ~1 s)
+        lead.on_lease(
+            "ADDED", {"spec": {"holderIdentity": "me_1", "leaseTransitions": 1, "renewTime": "x"}}
+        )
+        assert lead.since == 1015.0
+        src.fail = [RuntimeError("boom")]
+        clock.now = 1025.0
+        await asyncio.sleep(0.02)
+        # since moves later while that point's list is still failing
+        lead.on_lease(
+            "MODIFIED",
+            {"spec": {"holderIdentity": "other", "leaseTransitions": 2, "renewTime": "y"}},
+        )
+        lead.on_lease(
+            "MODIFIED",
+            {"spec": {"holderIdentity": "me_2", "leaseTransitions": 3, "renewTime": "z"}},
+        )
+        assert lead.since == 1025.0
+        clock.now = 1035.0
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if inf.listed_from == 1035.0:
+                break
+        assert inf.listed_from == 1035.0
+        assert lead._listed_from(lead.since + 10.0)
+    finally:
+        task.cancel()
+        inf.stop()
+        await spin()

@@ -1,5 +1,5 @@
 """The informer's cache on plain data: a recreated object is a delete plus an add; blindness;
-a re-list on demand (extender.leadership), reviewed against a source the test drives."""
+a re-list on demand, against a source the test drives."""
 
 import asyncio
 import json
@@ -7,8 +7,6 @@ from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
-from extender.leadership import Leadership
-from extender.service import relist_for_leadership
 from extender.state import ClusterState
 from kube.informer import FIRST_PAGE, PAGE_BYTES, PAGE_SIZE, Informer, identity, next_limit
 from tests.extender.objects import gpu_node, gpu_pod, uid_of
@@ -234,50 +232,3 @@ async def test_relist_while_the_first_list_is_paging_and_repeatedly() -> None:
     assert src.open == 1  # one watch only
     inf.stop()
     await spin()
-
-
-async def test_relister_asks_again_when_since_moves_and_a_failed_list_is_retried() -> None:
-    clock = Clock()
-    inf, src, _ = controlled(clock)
-    src.pods = [pod("a", "ua")]
-    lead = Leadership(10.0, lease="ns/l", identity="me", clock=clock)
-    lead.view = lambda: inf.listed_from
-    inf.start()
-    await spin()
-    task = asyncio.create_task(relist_for_leadership(inf, lead, every=0.001))
-    try:
-        clock.now = 1010.0
-        await asyncio.sleep(0.02)
-        assert inf.listed_from == 1010.0
-        assert lead.starting() is not None
-        clock.now = 1015.0
-        assert lead.starting() is None
-        # our scheduler takes the lease; the next list fails once (backoff ~1 s)
-        lead.on_lease(
-            "ADDED", {"spec": {"holderIdentity": "me_1", "leaseTransitions": 1, "renewTime": "x"}}
-        )
-        assert lead.since == 1015.0
-        src.fail = [RuntimeError("boom")]
-        clock.now = 1025.0
-        await asyncio.sleep(0.02)
-        # since moves later while that point's list is still failing
-        lead.on_lease(
-            "MODIFIED",
-            {"spec": {"holderIdentity": "other", "leaseTransitions": 2, "renewTime": "y"}},
-        )
-        lead.on_lease(
-            "MODIFIED",
-            {"spec": {"holderIdentity": "me_2", "leaseTransitions": 3, "renewTime": "z"}},
-        )
-        assert lead.since == 1025.0
-        clock.now = 1035.0
-        for _ in range(300):
-            await asyncio.sleep(0.01)
-            if inf.listed_from == 1035.0:
-                break
-        assert inf.listed_from == 1035.0
-        assert lead._listed_from(lead.since + 10.0)
-    finally:
-        task.cancel()
-        inf.stop()
-        await spin()
