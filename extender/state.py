@@ -79,8 +79,9 @@ class Hold(NamedTuple):
     claim: PodClaim
     """The pod's claim, located on that node."""
     since: float
-    """When it was held there, or when the latest binding POST to that node began: a
-    POST that timed out may still be stored, so no read may release it too soon."""
+    """When (:attr:`ClusterState.hold_clock`) it was held there, or when the latest
+    binding POST to that node began: a POST that timed out may still be stored, so no
+    read may release it too soon."""
     posts: int = 0
     """Binding POSTs begun under this hold. More than one means an earlier one ended
     uncertain (a definite refusal ends the hold), so it may yet be stored."""
@@ -94,12 +95,19 @@ class ClusterState:
         stale_after: float,
         verify_after: float = 10.0,
         clock: Clock = time.time,
+        hold_clock: Clock | None = None,
         spread: bool = True,
     ) -> None:
         self.margin = margin
         self.stale_after = stale_after
         self.verify_after = verify_after
         self.clock = clock
+        """Wall time: what the apiserver's and the agents' timestamps are compared with."""
+        self.hold_clock = hold_clock or (time.monotonic if clock is time.time else clock)
+        """What a hold's age is counted on (:attr:`Hold.since`, :meth:`due`): the
+        monotonic clock, so that a wall-clock step (NTP) cannot make a binding POST
+        that timed out a moment ago old enough for the read that would release it. A
+        test's fake ``clock`` drives both unless it gives this one too."""
         self.nodes: dict[str, NodeGPUs] = {}
         self.reports: dict[str, ReportStatus] = {}
         self.last_good: dict[str, ReportStatus] = {}
@@ -452,7 +460,8 @@ class ClusterState:
 
     def due(self, now: float) -> list[PodClaim]:
         """Pods with an assumption old enough to verify with an authoritative read, oldest
-        first: held, or last POSTed to, ``verify_after`` seconds ago or more."""
+        first: held, or last POSTed to, ``verify_after`` seconds ago or more (``now`` by
+        :attr:`hold_clock`)."""
         ready = [
             (hold.since, hold.claim)
             for holds in self.assumed.values()
@@ -550,7 +559,7 @@ class ClusterState:
         and restart the hold's clock, so that no read releases it until the POST is
         ``verify_after`` old and can no longer be stored."""
         hold = self.assumed[uid][node]
-        self.assumed[uid][node] = hold._replace(since=self.clock(), posts=hold.posts + 1)
+        self.assumed[uid][node] = hold._replace(since=self.hold_clock(), posts=hold.posts + 1)
 
     def forget(self, uid: str, node: str | None = None) -> None:
         """End the pod's assumptions: all of them, or only the one on ``node``."""
@@ -574,7 +583,7 @@ class ClusterState:
 
     def _hold(self, claim: PodClaim, node: str) -> None:
         held = replace(claim, node=node)
-        self.assumed.setdefault(claim.uid, {})[node] = Hold(held, self.clock())
+        self.assumed.setdefault(claim.uid, {})[node] = Hold(held, self.hold_clock())
         self._assumed_on.setdefault(node, {})[claim.uid] = held
         self._touch(node)
 

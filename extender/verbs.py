@@ -408,10 +408,10 @@ class Extender:
         """
         released = 0
         state = self.state
-        for claim in state.due(state.clock()):
+        for claim in state.due(state.hold_clock()):
             if claim.uid in self.in_flight or claim.uid not in state.assumed:
                 continue
-            cutoff = state.clock() - state.verify_after
+            cutoff = state.hold_clock() - state.verify_after
             due = {n: h.since for n, h in state.assumed[claim.uid].items() if h.since <= cutoff}
             where = await self._where(claim)
             if where == UNBOUND and claim.uid not in self.in_flight:

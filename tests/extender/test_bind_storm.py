@@ -360,3 +360,26 @@ async def _interleave(sequence: list[Step], sizes: list[int]) -> None:
                 if binder.bound.get(("research", p["metadata"]["name"])) == name
             ]
             assert sum(on_node) * GIB <= 40 * GIB - MARGIN, (name, on_node)
+
+
+async def test_a_wall_clock_step_does_not_make_a_timed_out_post_due_for_its_read() -> None:
+    # NTP steps the wall clock a minute ahead just after a binding POST timed out,
+    # still queued at the apiserver: a read now finds the pod unbound, and releasing
+    # on it would let q onto the room the POST is about to take.
+    wall, steady = Clock(), Clock(now=1000.0)
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=wall, hold_clock=steady)
+    binder = RecordingBinder(fail_with=TIMEOUT, uncertain=True)
+    reader = PodReader(binder)
+    extender = Extender(state, binder, ready=lambda: True, reader=reader)
+    pod = gpu_pod("p", declared="30Gi")
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    state.on_pod("ADDED", pod)
+    reader.put(pod)
+    await extender.bind(args(pod, "gpu-a"))
+    wall.now += 60
+    assert await extender.verify_due() == 0
+    assert reader.reads == 0
+    assert set(state.assumed[uid_of(pod)]) == {"gpu-a"}
+    steady.now += 10  # verify_after by the monotonic clock: now a read may release it
+    assert await extender.verify_due() == 1
+    assert state.assumed == {}
