@@ -46,7 +46,7 @@ MIG pods are counted against slices, not GPU memory: a profile's free slices
 are its node capacity minus the slices bound and assumed pods ask for.
 """
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -347,7 +347,7 @@ def _measured(
     unlocated = [c for c in claims if c.shared and c.uid not in located]
     limits = _spread(
         unlocated, shared_indices, located_on, history, now, node.confirmed, groups,
-        node.replicas_per_gpu,
+        node.replicas_per_gpu, foreign_replicas([report], known),
     )  # fmt: skip
     growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
@@ -404,6 +404,29 @@ def _measured(
         )
         for index in sorted(charges)
     ]
+
+
+def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> dict[int, int]:
+    """GPU index -> the pods, not in ``known``, that a report shows holding a replica
+    there (the most any of ``reports`` shows): by kubelet's allocations where the
+    report lists them, else by the memory held, as :func:`homes` places pods.
+
+    A pod the watch has not delivered yet, or one deleted from the API longer ago
+    than the departures are kept that kubelet still runs, holds its replica all the
+    same (:func:`_spread`).
+    """
+    most: dict[int, int] = {}
+    for report in reports:
+        listed = any(usage.allocated for gpu in report.gpus for usage in gpu.pods)
+        for gpu in report.gpus:
+            count = sum(
+                1
+                for usage in gpu.pods
+                if usage.uid not in known and (usage.allocated if listed else usage.used_bytes > 0)
+            )
+            if count:
+                most[gpu.index] = max(most.get(gpu.index, 0), count)
+    return most
 
 
 def homes(report: ReportStatus) -> dict[str, int]:
@@ -536,7 +559,7 @@ def _declared_only(
     shared = [c for c in claims if c.shared]
     limits = _spread(
         shared, list(range(node.count)), {}, history, now, node.confirmed, groups,
-        node.replicas_per_gpu,
+        node.replicas_per_gpu, foreign_replicas(evidence, known),
     )  # fmt: skip
     gpus = []
     # Every GPU's lines are alike but for a legacy pod's (the GPU's total): made once.
@@ -633,6 +656,7 @@ def _spread(
     confirmed: int,
     groups: Mapping[int, Hashable] | None = None,
     per_gpu: int | None = None,
+    foreign: Mapping[int, int] | None = None,
 ) -> Spread | None:
     """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
@@ -655,6 +679,10 @@ def _spread(
     them gone: ``own - j`` located, with their memory gone too (:func:`_cap`).
     Located pods of the other GPUs only ever raise their bounds: a pod gone
     from one is counted there still, which charges more.
+
+    ``foreign`` (:func:`foreign_replicas`): per GPU, the replicas a report shows
+    held by pods the cache does not know. Held all the same, they raise what the
+    other GPUs' newcomers are bounded by; on their own GPU they hold nothing down.
 
     ``groups`` (:func:`numa_groups`): with kubelet's Topology Manager on, kubelet
     offers the device plugin only the GPUs of one NUMA node, so a GPU is bounded
@@ -682,7 +710,10 @@ def _spread(
             # more departures only ever charge more.
             if at >= window - FUTURE_TOLERANCE_SECONDS:
                 left[index] = left.get(index, 0) + 1
-        bounds = {h: len(located.get(h, ())) + left.get(h, 0) for h in shared_indices}
+        foreign = foreign or {}
+        bounds = {
+            h: len(located.get(h, ())) + left.get(h, 0) + foreign.get(h, 0) for h in shared_indices
+        }
         anywhere = left.get(None, 0)
 
     most: dict[int, tuple[int, ...]] = {}

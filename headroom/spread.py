@@ -19,10 +19,12 @@ unlocated pod was created), ``g`` already held the other ``x_g + o_g - 1``,
 and every other GPU ``h``
 held no fewer than ``g`` (or was full, and then held more anyway). What ``h``
 held then is on ``h`` now, or has left since: at most ``c_h + x_h + e_h``,
-where ``c_h`` is its located replicas now plus the located replicas that left
-it since the oldest unlocated pod was created, ``x_h`` its unlocated replicas
-now, and ``e_h`` its share of the ``D`` replicas that left unlocated (from any
-GPU: spread as suits the worst case, ``Σ e_h <= D``). So
+where ``c_h`` is its located replicas now (a replica the report shows held by
+a pod the cache does not know included: ``headroom.accounting.foreign_replicas``)
+plus the located replicas that left it since the oldest unlocated pod was
+created, ``x_h`` its unlocated replicas now, and ``e_h`` its share of the
+``D`` replicas that left unlocated (from any GPU: spread as suits the worst
+case, ``Σ e_h <= D``). So
 ``x_g - 1 + o_g <= c_h + x_h + e_h`` for every other GPU, the ``x_h`` sum to
 ``k - x_g``, and the most ``x_g`` can be satisfies
 
