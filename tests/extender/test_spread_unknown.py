@@ -88,6 +88,7 @@ def test_so_it_does_when_the_report_has_turned_stale() -> None:
     state.on_pod("ADDED", p)
     clock.now += 1
     account = state.account("n")
-    assert account is not None and account.source != "report"
+    assert account is not None
+    assert account.source != "report"
     q = parse_claim(gpu_pod("q", declared="24Gi", uid="q"))
     assert not state.fit(q, "n").fits
