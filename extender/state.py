@@ -253,7 +253,11 @@ class ClusterState:
             # pod GC): kubelet keeps its replicas while it stops the containers, up
             # to the grace period, and the allocator counts them; so its departure
             # counts as that much later (headroom.spread: more only charges more).
-            late = kind == "DELETED" and not claim.terminated and not _stopped(obj)
+            # A terminal phase is no proof: the pod GC marks a pod of a lost node
+            # Failed while its containers may run on, and only kubelet's statuses
+            # say they stopped. (This watch's field selector delivers that change as
+            # DELETED with the pod as it was before it; another source may not.)
+            late = (kind == "DELETED" or claim.terminated) and not _stopped(obj)
             self._drop(claim.uid, linger=self._linger(claim.uid, claim.grace) if late else 0.0)
             return
         if self.pods.get(claim.uid) == claim:
@@ -528,7 +532,17 @@ class ClusterState:
             return Fit(False, f"pod {claim.key} is already bound to {cached.node}")
         holds = self.assumed.get(claim.uid, {})
         if node in holds:
-            return Fit(True)
+            # Held here by its filter, or by an earlier bind: checked then, but the
+            # node may have changed since (a leak reported, a report turned stale, the
+            # Node re-created smaller). The account already charges the pod: where it
+            # shows room everywhere the pod can be, nothing is over with it; else the
+            # check runs again as the filter's did, without the pod's own hold.
+            account = self.account(node)
+            if account is None:
+                return Fit(False, f"node {node} is not in the extender's cache")
+            if _room_with(account, claim):
+                return Fit(True)
+            return self.fit(claim, node, without=claim.uid)
         if holds and not also:
             elsewhere = ", ".join(sorted(holds))
             return Fit(False, f"pod {claim.key} may already be bound to {elsewhere}")
@@ -702,6 +716,22 @@ class ClusterState:
         self.shared_headroom.pop(node, None)
         self.shared_room.pop(node, None)
         self.verdicts.drop(node)
+
+
+def _room_with(account: NodeAccount, claim: PodClaim) -> bool:
+    """Whether ``account``, which already charges ``claim``, leaves every shared GPU and
+    the pod's MIG profiles within capacity: then the pod's bind over-commits nothing."""
+    if claim.problem or claim.legacy:
+        return False
+    if claim.shared:
+        shared = [gpu for gpu in account.gpus if gpu.shared]
+        if not shared or any(gpu.headroom < 0 for gpu in shared):
+            return False
+    for profile in claim.mig:
+        slices = account.mig.get(profile)
+        if slices is None or slices.used > slices.capacity:
+            return False
+    return True
 
 
 def _trial_fit(claim: PodClaim, verdict: Fit, trial: NodeAccount | None) -> Fit:
