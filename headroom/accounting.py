@@ -531,15 +531,20 @@ def _declared_only(
 
     Every shared pod is unlocated (where it runs is not known any more) and
     charged, on each GPU it may be on (:func:`_spread`), the larger of its
-    declaration and the most any report saw it hold; pods the
-    reports show that the cache does not hold, and each GPU's unattributed memory,
-    count where and as much as last observed. Totals never exceed the label or any report's.
+    declaration and the most any report saw it hold. What a report saw it hold
+    on a GPU stays charged there whether or not the pod is, uncapped (a pod may
+    hold memory on a GPU kubelet did not give it); its capped line there is the
+    rest. Pods the reports show that are not shared pods of the cache (a MIG or
+    whole-GPU pod, one the cache does not hold), and each GPU's unattributed
+    memory, count where and as much as last observed. Totals never exceed the
+    label or any report's.
     """
     most_seen: dict[str, int] = {}
+    seen_on: dict[int, dict[str, int]] = {}
     strangers: dict[int, dict[str, tuple[str, int]]] = {}
     unattributed: dict[int, int] = {}
     report_totals: dict[int, int] = {}
-    known = {c.uid for c in claims}
+    known = {c.uid for c in claims if c.shared}
     for status in evidence:
         for gpu in status.gpus:
             if node.count > 0 and gpu.index >= node.count:
@@ -551,6 +556,9 @@ def _declared_only(
             unattributed[gpu.index] = max(unattributed.get(gpu.index, 0), gpu.unattributed_bytes)
             for usage in gpu.pods:
                 most_seen[usage.uid] = max(most_seen.get(usage.uid, 0), usage.used_bytes)
+                if usage.uid in known and usage.used_bytes:
+                    on_gpu_seen = seen_on.setdefault(gpu.index, {})
+                    on_gpu_seen[usage.uid] = max(on_gpu_seen.get(usage.uid, 0), usage.used_bytes)
                 if usage.uid not in known:
                     key = f"{usage.namespace}/{usage.name}" if usage.name else usage.uid
                     on_gpu = strangers.setdefault(gpu.index, {})
@@ -580,7 +588,17 @@ def _declared_only(
             else _charge(c, None, max(_need(c, node, total), most_seen.get(c.uid, 0)), False)
             for c, line in zip(shared, alike, strict=True)
         ]
+        here = seen_on.get(index, {})
+        if here:
+            # Seen here: that much stays here, uncapped; the capped line is the rest.
+            lines = [
+                replace(line, charged=max(0, line.charged - here[line.uid]))
+                if line.uid in here
+                else line
+                for line in lines
+            ]
         pods, growth = _cap(lines, shared, limits, index, replicas=replicas)
+        pods += [_charge(c, here[c.uid], here[c.uid], True) for c in shared if c.uid in here]
         # Foreign processes and pods the cache does not hold stay where they were seen.
         pods += [
             PodCharge(uid, key, None, held, held, True, False)
