@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent.guard import EVICTION_GRACE_SECONDS
 from headroom import names
 
 log = logging.getLogger(__name__)
@@ -118,15 +119,20 @@ class PodActions:
             raise ValueError("event body")
         self._core.create_namespaced_event(namespace, event, _request_timeout=self._timeout)
 
-    def evict(self, namespace: str, name: str, uid: str) -> bool:
-        """True when evicted (or already gone); False when a PodDisruptionBudget refused."""
+    def evict(
+        self, namespace: str, name: str, uid: str, grace: int = EVICTION_GRACE_SECONDS
+    ) -> bool:
+        """True when evicted (or already gone); False when a PodDisruptionBudget refused.
+
+        ``grace``: the seconds the pod gets to stop, not the ones its author chose.
+        """
         eviction = client.V1Eviction.from_dict(
             {
                 "apiVersion": "policy/v1",
                 "kind": "Eviction",
                 "metadata": {"name": name, "namespace": namespace},
                 # The UID precondition keeps a same-named successor pod safe.
-                "deleteOptions": {"preconditions": {"uid": uid}},
+                "deleteOptions": {"preconditions": {"uid": uid}, "gracePeriodSeconds": grace},
             }
         )
         if eviction is None:  # pragma: no cover - from_dict returns None only for None
@@ -142,3 +148,21 @@ class PodActions:
                 return True  # gone, or a different pod now has the name
             raise
         return True
+
+    def delete(
+        self, namespace: str, name: str, uid: str, grace: int = EVICTION_GRACE_SECONDS
+    ) -> None:
+        """Delete the pod (this UID only: a same-named successor is left alone), giving it
+        ``grace`` seconds; a pod already gone is fine. For the guard, after a
+        PodDisruptionBudget refused its eviction. An admission policy holds the agent to
+        the pods of its own node (manifests/base/admission/agent-own-node.yaml)."""
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace, preconditions=client.V1Preconditions(uid=uid)
+        )
+        try:
+            self._core.delete_namespaced_pod(
+                name, namespace, body=options, _request_timeout=self._timeout
+            )
+        except ApiException as err:
+            if err.status not in (404, 409):  # gone, or a different pod now has the name
+                raise

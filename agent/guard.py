@@ -29,8 +29,15 @@ episode ends when the pod is back within its declaration):
 
 - a Warning Event ``GPUMemoryOverDeclared`` on the pod, unless the policy's
   ``guard`` is ``off``;
-- under ``guard: evict``, an eviction through the Eviction API, which honours
-  PodDisruptionBudgets; a refused eviction is retried on later ticks.
+- under ``guard: evict``, an eviction through the Eviction API; where a
+  PodDisruptionBudget refuses it, a deletion (the service does both): the
+  tenant may write a PDB over their own pod, and it must not switch the guard
+  off. One that fails is retried on later ticks. It gives
+  the pod at most :data:`EVICTION_GRACE_SECONDS` to stop: the tenant sets
+  ``terminationGracePeriodSeconds``, with no upper bound, and a process that
+  ignores SIGTERM keeps its memory until the grace period ends. A pod already
+  terminating with a longer grace period (its author deleted it with a year's)
+  is evicted all the same, which shortens it.
 
 The policy is the one the pod's namespace names in its ``headroom.dev/policy``
 label, as the webhook chose it at admission. Never the pod's
@@ -69,6 +76,8 @@ Pod = Mapping[str, Any]
 Namespace = Mapping[str, Any]
 GuardAction = Literal["off", "warn", "evict"]
 DEFAULT_ACTION: GuardAction = "warn"
+EVICTION_GRACE_SECONDS = 30
+"""The longest the guard lets a pod it evicts take to stop (Kubernetes' default)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class Verdict:
     name: str
     uid: str
     message: str
+    grace: int = EVICTION_GRACE_SECONDS
+    """For ``evict``: the grace period to evict with, the pod's own if shorter."""
 
 
 @dataclass
@@ -302,7 +313,7 @@ class Guard:
             self._episodes[uid].warned = False
 
     def eviction_refused(self, uid: str) -> None:
-        """The API refused the eviction (a PodDisruptionBudget): try again next time."""
+        """The eviction (or the deletion after it) failed: try again next time."""
         if uid in self._episodes:
             self._episodes[uid].evicted = False
 
@@ -317,8 +328,24 @@ class Guard:
             episode.warned = True
             message = reason + ("; policy guard is evict: evicting" if action == "evict" else "")
             verdicts.append(Verdict("event", namespace, name, uid, message))
-        terminating = bool(metadata.get("deletionTimestamp"))
-        if action == "evict" and not episode.evicted and not terminating:
+        grace = _grace(pod)
+        stopping = bool(metadata.get("deletionTimestamp")) and (
+            _seconds(metadata.get("deletionGracePeriodSeconds"), EVICTION_GRACE_SECONDS + 1)
+            <= EVICTION_GRACE_SECONDS
+        )
+        if action == "evict" and not episode.evicted and not stopping:
             episode.evicted = True
-            verdicts.append(Verdict("evict", namespace, name, uid, reason))
+            verdicts.append(Verdict("evict", namespace, name, uid, reason, grace))
         return verdicts
+
+
+def _grace(pod: Pod) -> int:
+    """The grace period to evict ``pod`` with: its own, at most :data:`EVICTION_GRACE_SECONDS`."""
+    spec = pod.get("spec") or {}
+    own = _seconds(spec.get("terminationGracePeriodSeconds"), EVICTION_GRACE_SECONDS)
+    return max(0, min(own, EVICTION_GRACE_SECONDS))
+
+
+def _seconds(value: Any, default: int) -> int:
+    """An integer field of seconds; ``default`` where it is missing or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -86,7 +86,9 @@ class Actions(Protocol):
         self, namespace: str, name: str, uid: str, reason: str, message: str
     ) -> None: ...
 
-    def evict(self, namespace: str, name: str, uid: str) -> bool: ...
+    def evict(self, namespace: str, name: str, uid: str, grace: int) -> bool: ...
+
+    def delete(self, namespace: str, name: str, uid: str, grace: int) -> None: ...
 
 
 class Agent:
@@ -217,8 +219,28 @@ class Agent:
                 self.metrics.guard_actions.labels("event").inc()
                 return
             evicted = await asyncio.to_thread(
-                self._actions.evict, verdict.namespace, verdict.name, verdict.uid
+                self._actions.evict, verdict.namespace, verdict.name, verdict.uid, verdict.grace
             )
+            if not evicted:
+                # A PodDisruptionBudget refused: the tenant may write one over their own
+                # pod, and would so switch the guard off. The namespace's policy says
+                # evict, so the pod is deleted, PDB or not.
+                log.warning(
+                    "eviction of pod %s refused by a PodDisruptionBudget; deleting it: "
+                    "its namespace's policy is guard: evict",
+                    where,
+                )
+                self.metrics.guard_actions.labels("evict-refused").inc()
+                await asyncio.to_thread(
+                    self._actions.delete,
+                    verdict.namespace,
+                    verdict.name,
+                    verdict.uid,
+                    verdict.grace,
+                )
+                log.warning("deleted pod %s: %s", where, verdict.message)
+                self.metrics.guard_actions.labels("delete").inc()
+                return
         except Exception as err:  # the API is down or refused: next episode tries again
             log.warning("guard %s on pod %s failed: %s", verdict.kind, where, err)
             self.metrics.guard_actions.labels("error").inc()
@@ -227,13 +249,8 @@ class Agent:
             else:
                 self._guard.event_failed(verdict.uid)
             return
-        if evicted:
-            log.warning("evicted pod %s: %s", where, verdict.message)
-            self.metrics.guard_actions.labels("evict").inc()
-        else:
-            log.info("eviction of pod %s refused by a PodDisruptionBudget; will retry", where)
-            self.metrics.guard_actions.labels("evict-refused").inc()
-            self._guard.eviction_refused(verdict.uid)
+        log.warning("evicted pod %s: %s", where, verdict.message)
+        self.metrics.guard_actions.labels("evict").inc()
 
 
 async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event) -> None:

@@ -87,10 +87,17 @@ def _decide(
     metadata = mapping(pod, "metadata", "metadata")
     skip = string_map(metadata, "labels", "metadata.labels").get(names.LABEL_SKIP) == "true"
     skip_policy = policies.get(policy_name)
-    if skip and skip_policy is not None and skip_policy.spec.allow_skip:
-        return Decision(True, "skipped", f"pod is labelled {names.LABEL_SKIP}=true")
     rewrite = Rewrite(_working_copy(pod), offered_mig)
-    if skip and rewrite.requests:
+    if skip and skip_policy is not None and skip_policy.spec.allow_skip:
+        if _whole_gpus_or_slices(rewrite):
+            return Decision(True, "skipped", f"pod is labelled {names.LABEL_SKIP}=true")
+        # The tenant sets the label: a pod asking for a shared slot, or declaring
+        # memory itself, keeps minMemory and maxMemory (as under invalidMemory: warn).
+        rewrite.notes.append(
+            f"{names.LABEL_SKIP}=true ignored: the pod asks for {names.GPU_SHARED} or "
+            f"declares {names.GPU_MEMORY} itself, so its declaration is checked"
+        )
+    elif skip and rewrite.requests:
         # The label alone must not opt a GPU pod out of the accounting (issue 7 §2).
         rewrite.notes.append(
             f"{names.LABEL_SKIP}=true ignored: GPUSharingPolicy {policy_name} has no allowSkip"

@@ -31,13 +31,22 @@ class ActionsDouble:
 
     events: list[tuple[str, str, str, str]] = field(default_factory=list)
     evictions: list[tuple[str, str, str]] = field(default_factory=list)
+    graces: list[int] = field(default_factory=list)
+    """The grace period each eviction gave."""
     refuse_evictions: int = 0
 
     def record_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         self.events.append((f"{namespace}/{name}", uid, reason, message))
 
-    def evict(self, namespace: str, name: str, uid: str) -> bool:
+    deletions: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def delete(self, namespace: str, name: str, uid: str, grace: int) -> None:
+        self.deletions.append((namespace, name, uid))
+        self.graces.append(grace)
+
+    def evict(self, namespace: str, name: str, uid: str, grace: int) -> bool:
         self.evictions.append((namespace, name, uid))
+        self.graces.append(grace)
         if self.refuse_evictions:
             self.refuse_evictions -= 1
             return False

@@ -166,7 +166,7 @@ def test_refused_eviction_is_retried() -> None:
     pods = {"e": guarded("e", "strict")}
     over = report({"e": 12 * GIB})
     assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event", "evict"]
-    guard.eviction_refused("e")  # a PodDisruptionBudget said no
+    guard.eviction_refused("e")  # the API failed
     assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["evict"]
 
 
@@ -220,6 +220,7 @@ def test_terminating_pods_are_not_evicted_again() -> None:
     guard = Guard(grace=1)
     leaving = guarded("e", "strict")
     leaving["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    leaving["metadata"]["deletionGracePeriodSeconds"] = 30  # within the guard's bound
     verdicts = guard.observe(report({"e": 12 * GIB}), {"e": leaving}, POLICIES, NAMESPACES)
     assert [v.kind for v in verdicts] == ["event"]
 
@@ -303,11 +304,14 @@ async def test_agent_evicts_a_pod_that_outgrows_its_declaration() -> None:
     where, uid, reason, message = actions.events[0]
     assert (where, uid, reason) == ("ns-strict/nb", "nb", names.EVENT_REASON_OVER_MEMORY)
     assert "evicting" in message
-    # t=35 s over, t=40 s confirmed: evicted, refused by a PDB, retried on the next tick.
-    assert actions.evictions == [("ns-strict", "nb", "nb"), ("ns-strict", "nb", "nb")]
+    # t=35 s over, t=40 s confirmed: evicted, refused by a PodDisruptionBudget (a tenant
+    # may write one over their own pod), so deleted: the namespace's policy says evict.
+    assert actions.evictions == [("ns-strict", "nb", "nb")]
+    assert actions.deletions == [("ns-strict", "nb", "nb")]
+    assert actions.graces == [30, 30]
     rendered = agent.metrics.render().decode()
     assert 'headroom_agent_guard_actions_total{kind="evict-refused"} 1.0' in rendered
-    assert 'headroom_agent_guard_actions_total{kind="evict"} 1.0' in rendered
+    assert 'headroom_agent_guard_actions_total{kind="delete"} 1.0' in rendered
 
 
 def no_gpu(uid: str, namespace: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The node agent evicts only pods on its own node (issue 7 §2), on the real control plane.
+"""The node agent evicts and deletes only pods on its own node (issue 7 §2), on the real
+control plane.
 
 The agent's ServiceAccount may create ``pods/eviction`` cluster-wide (RBAC cannot
 say "on my node"), so with Headroom 0.1 the agent of one node, or whoever held
@@ -64,3 +65,36 @@ def test_the_agent_evicts_on_its_own_node_and_nowhere_else(
     )
     theirs = cluster.kubectl_json("get", "pod", "theirs", "-n", ns)
     assert not theirs["metadata"].get("deletionTimestamp")
+
+
+def delete(cluster: Cluster, namespace: str, name: str) -> tuple[int, str]:
+    """DELETE the pod as the agent of ``OWN``, as its guard does after a
+    PodDisruptionBudget refused the eviction."""
+    agent = cluster.state.kubeconfigs / f"agent-{OWN}.kubeconfig"
+    result = cluster.kubectl(
+        f"--kubeconfig={agent}", "delete", "pod", name, "-n", namespace, "--wait=false",
+        check=False,
+    )  # fmt: skip
+    return result.returncode, result.stderr + result.stdout
+
+
+def test_the_agent_deletes_on_its_own_node_and_nowhere_else(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # RBAC lets the agent delete pods anywhere; headroom-agent-own-node-pods does not.
+    ns = namespace("gpu-shared")
+    cluster.apply([pinned(ns, "mine", OWN), pinned(ns, "theirs", OTHER)])
+    eventually("both pods Running", lambda: len(running(pods(cluster, ns))) == 2, timeout=90)
+
+    code, out = delete(cluster, ns, "theirs")
+    assert code != 0, out
+    assert f"agent on node {OWN} may delete only pods on its own node" in out, out
+    assert f"pod {ns}/theirs is on node {OTHER}" in out, out
+
+    code, out = delete(cluster, ns, "mine")
+    assert code == 0, out
+    eventually(
+        "the deleted pod gone",
+        lambda: [p["metadata"]["name"] for p in pods(cluster, ns)] == ["theirs"],
+        timeout=60,
+    )

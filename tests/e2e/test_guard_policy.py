@@ -107,3 +107,46 @@ def test_a_tenant_cannot_switch_the_guard_off_from_the_pod(
         explain=lambda: f"events: {guard_events(cluster, ns)}",
     )
     eventually("the evicted pod gone", lambda: pods(cluster, ns) == [], timeout=60)
+
+
+def test_a_tenants_pdb_does_not_switch_the_guard_off(
+    cluster: Cluster, namespace: NamespaceFactory, guard_policies: None
+) -> None:
+    # The guard evicts through the Eviction API, which honours PodDisruptionBudgets,
+    # and the edit role may write them: a tenant covers their pod with
+    # maxUnavailable: 0 and then outgrows the declaration. The eviction is refused,
+    # and the agent deletes the pod instead.
+    ns = namespace(EVICT)
+    tenant_of(cluster, ns)
+    hog = gpu_pod(ns, "hog", memory="4Gi", labels={"app": "hog"})
+    hog["metadata"]["annotations"][names.ANNOTATION_SIMULATED_USAGE] = usage("2Gi")
+    eventually(f"the webhook to know policy {EVICT}", lambda: webhook_applies(cluster, hog))
+    code, out = create(cluster, hog, f"--as={TENANT}")
+    assert code == 0, out
+    eventually("the pod Running", lambda: len(running(pods(cluster, ns))) == 1)
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-hog", "namespace": ns},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "hog"}}},
+    }
+    code, out = as_tenant(cluster, "create", "-f", "-", input=json.dumps(pdb))
+    assert code == 0, out
+    code, out = as_tenant(
+        cluster, "annotate", "pod", "hog", "-n", ns, "--overwrite",
+        f"{names.ANNOTATION_SIMULATED_USAGE}={usage('8Gi')}",
+    )  # fmt: skip
+    assert code == 0, out
+
+    eventually(
+        "the guard to decide to evict",
+        lambda: any("policy guard is evict: evicting" in m for m in guard_events(cluster, ns)),
+        timeout=60,
+        explain=lambda: f"events: {guard_events(cluster, ns)}",
+    )
+    eventually(
+        "the over-declared pod gone despite the tenant's PodDisruptionBudget",
+        lambda: pods(cluster, ns) == [],
+        timeout=60,
+        explain=lambda: f"pods: {[p['metadata']['name'] for p in pods(cluster, ns)]}",
+    )

@@ -205,7 +205,8 @@ def test_networkpolicy_component_fits_the_workloads(cluster: Cluster, tmp_path: 
         ("headroom-scheduler", "list", "secrets", False),
         ("headroom-agent", "create", "gpunodereports.headroom.dev", True),
         ("headroom-agent", "create", "pods --subresource=eviction", True),
-        ("headroom-agent", "delete", "pods", False),
+        ("headroom-agent", "delete", "pods", True),  # its own node's: an admission policy
+        ("headroom-agent", "update", "pods", False),
         ("headroom-agent", "list", "secrets", False),
         ("headroom-certs", "list", "secrets", False),
     ],
