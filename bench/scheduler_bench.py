@@ -326,12 +326,15 @@ def fit_bound(node_count: int, gpus: int, replicas: int, memory: int, margin: in
 def clear(cluster: Cluster, namespace: str) -> None:
     """Delete every pod of ``namespace`` and wait until the apiserver has none left.
 
-    Not ``kubectl delete --wait``: with 1,000 pods it sometimes waited out its
-    whole timeout on pods that were long gone.
+    Gracefully: KWOK reports each pod stopped, as kubelet does, before it removes
+    it. A forced deletion shows the pod's containers still running, and the
+    extender keeps charging such a pod for its grace period (kubelet may still run
+    it), so the next round would find the nodes charged. Not ``kubectl delete
+    --wait``: with 1,000 pods it sometimes waited out its whole timeout on pods
+    that were long gone.
     """
     cluster.kubectl(
-        "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force",
-        "--wait=false", timeout=360,
+        "delete", "pods", "--all", "-n", namespace, "--wait=false", timeout=360,
     )  # fmt: skip
     wait_until(
         f"every pod of {namespace} deleted",

@@ -99,10 +99,15 @@ def run_phase(
 
 
 def delete_namespace(apis: Apis, ns: str, progress: Progress) -> None:
-    """Delete the phase's pods at once (their GPU memory with them), then the namespace."""
+    """Delete the phase's pods (their GPU memory with them), then the namespace.
+
+    Gracefully: the node stops each pod and reports it stopped before it is removed.
+    A forced deletion would leave the extender charging the pods for their grace
+    period, as kubelet may still run them.
+    """
     try:
         apis.apps.delete_collection_namespaced_deployment(ns)
-        apis.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        apis.core.delete_collection_namespaced_pod(ns)
         apis.core.delete_namespace(ns)
     except ApiException as err:
         if err.status != 404:

@@ -23,6 +23,12 @@ from kube.informer import Handler, Informer, Resource, identity
 from kube.rest import Rest
 
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+"""Pods not yet ended: what ``headroom top`` lists. Not the extender's pod watch: a
+watch with this selector delivers a pod's end as DELETED with the pod as it was
+before (kube-apiserver sends the previous object when one stops matching:
+k8s.io/apiserver pkg/storage/cacher/cache_watcher.go), so kubelet's last statuses,
+which say the containers stopped, would never be seen, and a pod that ended could
+not be told from one deleted while it ran."""
 BLIND_LIMIT_SECONDS = 15.0
 """A watch broken this long without a good re-list: the extender's view may be missing
 binds and deletions, so it goes not-ready and answers filter and bind with an Error
@@ -54,7 +60,9 @@ class Caches:
                 advertiser.on_node(kind, obj)
 
         self.pods = Informer(
-            Resource(rest, "/api/v1/pods", fieldSelector=LIVE_PODS),
+            # Every pod, ended ones too (LIVE_PODS says why); the state keeps no ended
+            # pod, the informer only its UID (``identity``).
+            Resource(rest, "/api/v1/pods"),
             name="pods",
             handler=state.on_pod,
             on_resync=state.on_pod_resync,

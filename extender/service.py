@@ -99,10 +99,13 @@ async def relist_for_leadership(pods: Informer, leadership: Leadership, every: f
 
 
 async def _verify(extender: Extender, every: float) -> None:
-    """Read pods held by binds the watch has not confirmed, every ``every`` seconds."""
+    """Read pods held by binds the watch has not confirmed, every ``every`` seconds; and
+    let go of deleted pods whose grace period is over, so that pods waiting for their
+    room are told of it (ClusterState.refresh) with no request coming in."""
     while True:
         await asyncio.sleep(max(every / 2, 0.5))
         try:
+            extender.state.refresh(extender.state.clock())
             await extender.verify_due()
         except Exception:  # a bug here must not stop the verifier; nothing was released
             log.exception("verifying assumed pods failed; retrying")

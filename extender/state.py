@@ -153,6 +153,10 @@ class ClusterState:
         self.watching_since = clock()
         """Since when the pod watch has shown every pod that came and went: the last
         complete pod list (:meth:`on_pod_resync`)."""
+        self.lingering: dict[str, dict[str, tuple[float, PodClaim]]] = {}
+        """Node -> UID -> (until when, claim) of pods deleted before kubelet reported
+        them stopped, charged as they were until then (:meth:`_linger_on`)."""
+        self._linger_heap: list[tuple[float, str, str]] = []
         self.departures: dict[str, deque[tuple[float, int | None]]] = {}
         """Node -> (when, GPU or None) for each shared replica that left it, kept
         :data:`HISTORY_SECONDS`: what bounds where unlocated pods can be (headroom.spread)."""
@@ -255,10 +259,19 @@ class ClusterState:
             # counts as that much later (headroom.spread: more only charges more).
             # A terminal phase is no proof: the pod GC marks a pod of a lost node
             # Failed while its containers may run on, and only kubelet's statuses
-            # say they stopped. (This watch's field selector delivers that change as
-            # DELETED with the pod as it was before it; another source may not.)
+            # say they stopped.
             late = (kind == "DELETED" or claim.terminated) and not _stopped(obj)
-            self._drop(claim.uid, linger=self._linger(claim.uid, claim.grace) if late else 0.0)
+            linger = self._linger(claim.uid, claim.grace) if late else 0.0
+            if not linger:
+                self._drop(claim.uid)
+            elif isinstance(obj.get("spec"), Mapping):
+                # The pod's last object says where it was bound, if anywhere: a pod
+                # deleted before any binding was stored never ran.
+                if claim.node:
+                    self._linger_on(claim.node, self.pods.get(claim.uid) or claim, linger)
+                self._drop(claim.uid, linger=linger)
+            else:
+                self.gone(claim.uid, linger)  # a re-list's replay: name and UID only
             return
         if self.pods.get(claim.uid) == claim:
             # Nothing an account reads has changed (kubelet's status: Running,
@@ -454,13 +467,24 @@ class ClusterState:
                 self.account(name, now)
 
     def refresh(self, now: float) -> None:
-        """Forget accounts whose report turned stale (assumptions never expire: :meth:`due`)."""
+        """Forget accounts whose report turned stale, and deleted pods whose grace period
+        is over (assumptions never expire: :meth:`due`)."""
         heap = self._stale_heap
         while heap and heap[0][0] <= now:
             stale_at, name = heapq.heappop(heap)
             account = self._accounts.get(name)
             if account is not None and account.stale_at == stale_at:
                 self._touch(name)
+        lingering = self._linger_heap
+        while lingering and lingering[0][0] <= now:
+            until, name, uid = heapq.heappop(lingering)
+            on_node = self.lingering.get(name, {})
+            if uid in on_node and on_node[uid][0] == until:
+                del on_node[uid]
+                if not on_node:
+                    del self.lingering[name]
+                self._touch(name)
+                self.on_room(name)
 
     def due(self, now: float) -> list[PodClaim]:
         """Pods with an assumption old enough to verify with an authoritative read, oldest
@@ -481,12 +505,17 @@ class ClusterState:
         return result
 
     def claims_on(self, node: str) -> Iterator[PodClaim]:
-        """Pods bound to ``node`` by the cache, then pods assumed there."""
+        """Pods bound to ``node`` by the cache, then pods assumed there, then deleted pods
+        kubelet may still run there (:meth:`_linger_on`)."""
         bound = self._on_node.get(node, {})
         yield from bound.values()
-        for uid, held in self._assumed_on.get(node, {}).items():
+        assumed = self._assumed_on.get(node, {})
+        for uid, held in assumed.items():
             if uid not in bound:
                 yield held
+        for uid, (_, deleted) in self.lingering.get(node, {}).items():
+            if uid not in bound and uid not in assumed:
+                yield deleted
 
     # --- binding ------------------------------------------------------------
 
@@ -601,13 +630,39 @@ class ClusterState:
         self._assumed_on.setdefault(node, {})[claim.uid] = held
         self._touch(node)
 
-    def gone(self, uid: str) -> None:
+    def gone(self, uid: str, linger: float | None = None) -> None:
         """A read found the pod gone (404, or its name on another UID): as a deletion the
-        watch has not delivered. Nothing says kubelet has stopped it, so its replicas
-        count as held for its grace period (as for a forced deletion, :meth:`on_pod`):
-        ending its holds with no departure would let the bound on unlocated pods
-        (headroom.spread) count one replica fewer on the GPU kubelet still holds."""
-        self._drop(uid, linger=self._linger(uid))
+        watch has not delivered. Nothing says kubelet has stopped it, so for its grace
+        period (as for a forced deletion, :meth:`on_pod`) it stays charged where it was
+        bound, or where a binding POST of it may have landed (:meth:`_linger_on`), and
+        its replicas count as held: ending its holds with no departure would let the
+        bound on unlocated pods (headroom.spread) count one replica fewer on the GPU
+        kubelet still holds."""
+        linger = self._linger(uid) if linger is None else linger
+        cached = self.pods.get(uid)
+        if cached is not None and cached.node:
+            self._linger_on(cached.node, cached, linger)
+        for node, hold in self.assumed.get(uid, {}).items():
+            if hold.posts and (cached is None or cached.node != node):
+                self._linger_on(node, hold.claim, linger)  # its binding may have landed
+        self._drop(uid, linger=linger)
+
+    def _linger_on(self, node: str, claim: PodClaim, linger: float) -> None:
+        """Keep charging the deleted pod on ``node`` as it was, ``linger`` seconds on.
+
+        kubelet runs a pod deleted before it stopped it (``kubectl delete --force``, the
+        pod GC) until its grace period ends, and the pod may use all it declared
+        meanwhile: charging only what a report last saw it hold would let another pod
+        into that room. Only on a node it was, or may have been, bound to: a pod whose
+        last object shows no node never ran. :meth:`refresh` lets it go.
+        """
+        until = self.clock() + linger
+        self.lingering.setdefault(node, {})[claim.uid] = (
+            until,
+            replace(claim, node=node, terminated=False),
+        )
+        heapq.heappush(self._linger_heap, (until, node, claim.uid))
+        self._touch(node)
 
     def _linger(self, uid: str, grace: float = 0.0) -> float:
         """How long after now the pod's replicas may still be held: the longest grace
@@ -702,6 +757,7 @@ class ClusterState:
             or node in self.reports
             or node in self._on_node
             or node in self._assumed_on
+            or node in self.lingering
         ):
             # Kept while the Node is gone but its report or pods remain (kubelet
             # re-registers within pod GC's 40 s): a re-created Node keeps its last

@@ -126,6 +126,16 @@ def gpu_pod(
     }
 
 
+def stopped(pod: Object) -> Object:
+    """The pod as kubelet leaves it before its deletion completes: every container
+    reported terminated, so it holds none of its GPU any more."""
+    statuses = [
+        {"name": c.get("name", ""), "state": {"terminated": {"exitCode": 0}}}
+        for c in pod["spec"].get("containers", [])
+    ]
+    return {**pod, "status": {**pod.get("status", {}), "containerStatuses": statuses}}
+
+
 def uid_of(pod: Object) -> str:
     return str(pod["metadata"]["uid"])
 

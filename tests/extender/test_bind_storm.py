@@ -122,6 +122,12 @@ async def test_a_stale_read_never_brings_a_deleted_pod_back(harness: Harness) ->
     harness.clock.now += 11
     await harness.extender.verify_due()
     assert harness.state.assumed == {}
+    assert uid_of(pod) not in harness.state.pods
+    # Where the read said it was bound it is charged for its grace period, as a pod
+    # deleted before kubelet stopped it; then nothing of it is left.
+    assert [c.uid for c in harness.state.claims_on("gpu-a")] == [uid_of(pod)]
+    harness.clock.now += 60
+    harness.state.refresh(harness.clock.now)
     assert list(harness.state.claims_on("gpu-a")) == []
 
 

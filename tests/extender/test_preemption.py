@@ -21,7 +21,7 @@ from headroom.claims import PodClaim, parse_claim
 from headroom.disruption import parse_budget
 from headroom.placement import fit
 from tests.extender.conftest import Harness
-from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 from tests.extender.test_server import post
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "extender"
@@ -312,7 +312,7 @@ async def test_victims_not_yet_located_free_what_the_bound_then_charges(
     assert len(victims) > 1
     for pod in (located, *waiting):
         if uid_of(pod) in victims:
-            h.state.on_pod("DELETED", pod)
+            h.state.on_pod("DELETED", stopped(pod))
     account = h.state.account("gpu-a")
     assert account is not None
     assert fit(account, parse_claim(urgent)).fits
@@ -394,7 +394,7 @@ async def test_pods_added_beyond_need_are_reprieved(budgets_harness: Harness) ->
     assert named(result) == [uid_of(p3), uid_of(p0)]
     h.clock.now += 1
     for pod in (p3, p0):
-        h.state.on_pod("DELETED", pod)
+        h.state.on_pod("DELETED", stopped(pod))
     assert h.state.fit(parse_claim(urgent), "n").fits
 
 
@@ -438,7 +438,7 @@ async def test_victims_only_held_here_depart_in_the_trial(budgets_harness: Harne
         bound = {**pod, "spec": {**pod["spec"], "nodeName": "n"}}
         state.on_pod("MODIFIED", bound)
         if uid_of(pod) in victims:
-            state.on_pod("DELETED", bound)
+            state.on_pod("DELETED", stopped(bound))
     assert state.fit(parse_claim(urgent), "n").fits
 
 

@@ -13,7 +13,7 @@ from extender.state import ClusterState
 from headroom.claims import parse_claim
 from headroom.reports import CONDITION_NVML_AVAILABLE, Condition, parse_report, report_object
 from tests.extender.conftest import MARGIN, Clock
-from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 
 T4_MIB = 16 * 1024
 
@@ -282,7 +282,7 @@ def test_a_node_deleted_and_recreated_keeps_its_last_good_reading() -> None:
     assert headroom(state) == measured
     # Gone for good, with its pods and report: nothing of it is kept.
     state.on_node("DELETED", node)
-    state.on_pod("DELETED", pod)
+    state.on_pod("DELETED", stopped(pod))
     state.on_report("DELETED", unavailable("gpu-a"))
     assert "gpu-a" not in state.last_good
 
@@ -296,8 +296,8 @@ def test_a_node_deleted_and_recreated_keeps_the_departures_it_saw() -> None:
     state, clock = state_with(node, *pods)
     state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}}))
     clock.now += 10
-    state.on_pod("DELETED", pods[1])
-    state.on_pod("DELETED", pods[3])
+    state.on_pod("DELETED", stopped(pods[1]))
+    state.on_pod("DELETED", stopped(pods[3]))
     later = EPOCH + timedelta(seconds=10)
     state.on_report("MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, at=later))
     before = state.account("gpu-a")
@@ -314,7 +314,7 @@ def test_a_node_deleted_and_recreated_keeps_the_departures_it_saw() -> None:
     assert state.assume(parse_claim(waiting), "gpu-a").fits
     state.on_node("DELETED", node)
     for pod in (pods[0], pods[2]):
-        state.on_pod("DELETED", pod)
+        state.on_pod("DELETED", stopped(pod))
     state.on_report("DELETED", gpu_report("gpu-a", {}))
     assert "gpu-a" in state.departures
     # Gone for good, with its pods and holds: nothing of it is kept.

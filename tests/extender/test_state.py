@@ -12,7 +12,7 @@ from headroom import accounting, names
 from headroom.accounting import NodeAccount
 from kube.informer import identity
 from tests.extender.conftest import MARGIN, Clock, Harness
-from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
+from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 from tests.extender.test_server import post
 
 
@@ -35,12 +35,46 @@ def test_accounts_follow_pod_events() -> None:
     pod = gpu_pod("sim", node="gpu-a", declared="10Gi")
     state.on_pod("ADDED", pod)
     assert headroom(state) == empty - 10 * GIB
-    state.on_pod("MODIFIED", {**pod, "status": {"phase": "Succeeded"}})
+    done = stopped(pod)
+    state.on_pod("MODIFIED", {**done, "status": {**done["status"], "phase": "Succeeded"}})
     assert headroom(state) == empty
     state.on_pod("ADDED", pod)
-    state.on_pod("DELETED", pod)
+    state.on_pod("DELETED", stopped(pod))
     assert headroom(state) == empty
     assert state.pods == {}
+
+
+def test_a_pod_deleted_before_kubelet_stopped_it_stays_charged_for_its_grace_period() -> None:
+    # kubectl delete --force, or the pod GC: kubelet may run the pod on until its
+    # grace period ends, and it may use all it declared meanwhile.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pod = gpu_pod("sim", node="gpu-a", declared="10Gi", phase="Running")
+    pod["spec"]["terminationGracePeriodSeconds"] = 60
+    state.on_pod("ADDED", pod)
+    state.on_pod("DELETED", pod)
+    assert state.pods == {}
+    assert headroom(state) == empty - 10 * GIB
+    clock.now += 60 + 29
+    assert headroom(state) == empty - 10 * GIB
+    clock.now += 1  # the grace period and the allowance (LINGER_ALLOWANCE_SECONDS) over
+    assert headroom(state) == empty
+    assert state.lingering == {}
+
+
+def test_a_pod_that_ended_or_never_ran_is_not_charged_after_it() -> None:
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pending = gpu_pod("pending", declared="10Gi")  # deleted before any binding was stored
+    state.on_pod("ADDED", pending)
+    state.on_pod("DELETED", pending)
+    done = stopped(gpu_pod("done", node="gpu-a", declared="10Gi", phase="Running"))
+    state.on_pod("ADDED", done)
+    state.on_pod("MODIFIED", {**done, "status": {**done["status"], "phase": "Failed"}})
+    assert headroom(state) == empty
+    assert state.lingering == {}
 
 
 def test_pods_without_gpu_or_headroom_annotations_are_not_kept() -> None:
@@ -256,7 +290,7 @@ def test_pods_that_left_are_remembered_and_restarts_forget_nothing_unsafely() ->
     # Seven pods leave (unlocated: each may have left any GPU). The eighth could
     # then have gone anywhere, and so could the next seven: two on one GPU at most.
     for i in range(1, 8):
-        state.on_pod("DELETED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
+        state.on_pod("DELETED", stopped(gpu_pod(f"p{i}", node="gpu-a", declared="8Gi")))
     for i in range(8, 15):
         state.on_pod("ADDED", gpu_pod(f"p{i}", node="gpu-a", declared="8Gi"))
     assert tightest(state) == 40 * GIB - 2 * 8 * GIB - MARGIN
@@ -650,7 +684,8 @@ def test_a_status_only_update_keeps_the_nodes_account() -> None:
     state.on_pod("MODIFIED", running)
     assert state.account("gpu-a") is before
     # What an account does read still counts: a deletion, or the pod ending.
-    state.on_pod("MODIFIED", {**running, "status": {"phase": "Succeeded"}})
+    done = stopped(running)
+    state.on_pod("MODIFIED", {**done, "status": {**done["status"], "phase": "Succeeded"}})
     after = state.account("gpu-a")
     assert after is not before
     assert after is not None

@@ -10,7 +10,7 @@ from extender.wire import json_array
 from headroom.claims import parse_claim
 from headroom.placement import LEGACY, fit, score
 from tests.extender.conftest import MARGIN, Clock
-from tests.extender.objects import gpu_node, gpu_pod
+from tests.extender.objects import gpu_node, gpu_pod, stopped
 
 
 def cluster(*nodes: str) -> ClusterState:
@@ -49,7 +49,7 @@ def test_answers_match_the_core_rules_and_follow_account_changes() -> None:
     assert "gpu-b" not in failed
     assert scores["ghost"] == 0
     # And back, when the pod goes.
-    state.on_pod("DELETED", gpu_pod("big", node="gpu-a", declared="35Gi"))
+    state.on_pod("DELETED", stopped(gpu_pod("big", node="gpu-a", declared="35Gi")))
     failed, scores = answers(state, names, "10Gi")
     assert "gpu-a" not in failed
     assert scores["gpu-a"] == first
@@ -117,7 +117,7 @@ def test_answers_reused_for_the_same_candidates_follow_every_change() -> None:
             state.on_pod("ADDED", pod)
             bound.append(pod)
         elif event == "delete" and bound:
-            state.on_pod("DELETED", bound.pop(rng.randrange(len(bound))))
+            state.on_pod("DELETED", stopped(bound.pop(rng.randrange(len(bound)))))
         elif event == "node":  # a node leaves or comes back
             name = rng.choice(nodes)
             kind = "DELETED" if name in state.nodes else "ADDED"

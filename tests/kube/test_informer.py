@@ -54,7 +54,8 @@ def test_an_identity_informer_keeps_stubs_and_a_relist_still_frees_a_gone_gpu_po
     # Issue 8: whole pods in the informer's store were ~27 KiB of heap each. The
     # extender keeps only identities there; a pod a re-list no longer shows must
     # still be dropped from its accounting by the DELETED replayed from the stub.
-    state = ClusterState(margin=0, stale_after=90.0)
+    clock = Clock()
+    state = ClusterState(margin=0, stale_after=90.0, clock=clock)
     state.on_node("ADDED", gpu_node("gpu-a"))
     informer = Informer(lambda **_: None, name="pods", handler=state.on_pod, keep=identity)
     bound = gpu_pod("p", node="gpu-a", declared="10Gi", phase="Running")
@@ -74,6 +75,12 @@ def test_an_identity_informer_keeps_stubs_and_a_relist_still_frees_a_gone_gpu_po
     stub = {"name": "p", "namespace": "research", "uid": uid_of(bound)}
     assert replayed[-1] == {"metadata": stub}
     assert state.pods == {}
+    # Nothing says kubelet stopped it: charged for its grace period, then freed.
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].declared == 10 * 2**30
+    clock.now += 60
+    state.refresh(clock.now)
     account = state.account("gpu-a")
     assert account is not None
     assert account.gpus[0].declared == 0
