@@ -8,27 +8,11 @@ from typing import Any
 
 import pytest
 
-from extender.state import ClusterState
 from headroom import names
 from headroom.reports import PodUsage, parse_report, report_object
 from tests.extender.conftest import MARGIN, Clock
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, uid_of
-
-
-def state_with(node: dict[str, Any], *pods: dict[str, Any]) -> tuple[ClusterState, Clock]:
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", node)
-    for pod in pods:
-        state.on_pod("ADDED", pod)
-    return state, clock
-
-
-def headroom(state: ClusterState, node: str = "gpu-a") -> int:
-    state.refresh(state.clock())
-    account = state.account(node)
-    assert account is not None
-    return account.shared_headroom
+from tests.extender.test_report_faults import headroom, state_with
 
 
 def with_error(obj: dict[str, Any], index: int) -> dict[str, Any]:
