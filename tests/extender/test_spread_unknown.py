@@ -42,53 +42,39 @@ def report(node: str, now: float, allocated: dict[int, list[str]]) -> dict[str, 
     return report_object(status)
 
 
-def test_a_replica_held_by_a_pod_the_cache_does_not_know_still_bounds_the_others() -> None:
-    # GPU 1 holds a replica of a pod the cache does not know. p (24 GiB) came next:
-    # the device plugin gave it GPU 0, the one with fewer. Then q: 1 against 1, a tie
-    # the plugin may settle on GPU 0, beside p: 48 GiB on a 40 GiB GPU.
+def q_fits_beside_p(allocated: dict[int, list[str]], *, stale: bool = False) -> bool:
+    """A 2-GPU node whose report shows ``allocated`` (GPU -> UIDs the cache does not
+    know), then p (24 GiB) bound there: whether q (24 GiB) fits too."""
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
     state.on_node("ADDED", gpu_node("n", gpus=2))
     clock.now += 1
-    state.on_report("ADDED", report("n", clock.now, {1: ["ghost"]}))
-    p = gpu_pod("p", node="n", declared="24Gi", uid="p", phase="Running")
-    p["metadata"]["creationTimestamp"] = iso(clock.now)
-    state.on_pod("ADDED", p)
-    clock.now += 1
-    q = parse_claim(gpu_pod("q", declared="24Gi", uid="q"))
-    assert not state.fit(q, "n").fits
-
-
-def test_without_that_replica_the_bound_still_spreads_them() -> None:
-    # The same, with GPU 1 empty: p and q go one to each GPU, and q fits.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("n", gpus=2))
-    clock.now += 1
-    state.on_report("ADDED", report("n", clock.now, {}))
-    p = gpu_pod("p", node="n", declared="24Gi", uid="p", phase="Running")
-    p["metadata"]["creationTimestamp"] = iso(clock.now)
-    state.on_pod("ADDED", p)
-    clock.now += 1
-    q = parse_claim(gpu_pod("q", declared="24Gi", uid="q"))
-    assert state.fit(q, "n").fits
-
-
-def test_so_it_does_when_the_report_has_turned_stale() -> None:
-    # The agent stopped reporting: every pod is unlocated, charged where the device
-    # plugin can have put it; the stale report's replicas still count where it saw them.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("n", gpus=2))
-    clock.now += 1
-    state.on_report("ADDED", report("n", clock.now, {1: ["ghost"]}))
-    clock.now += 120
+    state.on_report("ADDED", report("n", clock.now, allocated))
+    if stale:
+        clock.now += 120
     p = gpu_pod("p", node="n", declared="24Gi", uid="p", phase="Running")
     p["metadata"]["creationTimestamp"] = iso(clock.now)
     state.on_pod("ADDED", p)
     clock.now += 1
     account = state.account("n")
     assert account is not None
-    assert account.source != "report"
-    q = parse_claim(gpu_pod("q", declared="24Gi", uid="q"))
-    assert not state.fit(q, "n").fits
+    assert (account.source == "report") != stale
+    return state.fit(parse_claim(gpu_pod("q", declared="24Gi", uid="q")), "n").fits
+
+
+def test_a_replica_held_by_a_pod_the_cache_does_not_know_still_bounds_the_others() -> None:
+    # GPU 1 holds a replica of a pod the cache does not know. p (24 GiB) came next:
+    # the device plugin gave it GPU 0, the one with fewer. Then q: 1 against 1, a tie
+    # the plugin may settle on GPU 0, beside p: 48 GiB on a 40 GiB GPU.
+    assert not q_fits_beside_p({1: ["ghost"]})
+
+
+def test_without_that_replica_the_bound_still_spreads_them() -> None:
+    # The same, with GPU 1 empty: p and q go one to each GPU, and q fits.
+    assert q_fits_beside_p({})
+
+
+def test_so_it_does_when_the_report_has_turned_stale() -> None:
+    # The agent stopped reporting: every pod is unlocated, charged where the device
+    # plugin can have put it; the stale report's replicas still count where it saw them.
+    assert not q_fits_beside_p({1: ["ghost"]}, stale=True)
