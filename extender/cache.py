@@ -60,8 +60,9 @@ class Caches:
                 advertiser.on_node(kind, obj)
 
         self.pods = Informer(
-            # Every pod, ended ones too (LIVE_PODS says why); the state keeps no ended
-            # pod, the informer only its UID (``identity``).
+            # Every pod, ended ones too (LIVE_PODS says why); the state keeps an ended
+            # pod only while it lingers (ClusterState._linger_on), the informer only
+            # its UID (``identity``).
             Resource(rest, "/api/v1/pods"),
             name="pods",
             handler=state.on_pod,

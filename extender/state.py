@@ -261,7 +261,16 @@ class ClusterState:
             # Failed while its containers may run on, and only kubelet's statuses
             # say they stopped.
             late = (kind == "DELETED" or claim.terminated) and not _stopped(obj)
-            linger = self._linger(claim.uid, claim.grace) if late else 0.0
+            if not late:
+                self._unlinger(claim.uid)  # kubelet's word: its containers stopped
+            # Only as the pod leaves (the cache held it, or the deletion itself), and
+            # once: another event about an ended pod (a label patched) must not start
+            # its charge over.
+            leaving = claim.uid in self.pods or kind == "DELETED"
+            if late and leaving and claim.wants_gpu and not self._lingers(claim.uid):
+                linger = self._linger(claim.uid, claim.grace)
+            else:
+                linger = 0.0
             if not linger:
                 self._drop(claim.uid)
             elif isinstance(obj.get("spec"), Mapping):
@@ -475,16 +484,12 @@ class ClusterState:
             account = self._accounts.get(name)
             if account is not None and account.stale_at == stale_at:
                 self._touch(name)
-        lingering = self._linger_heap
-        while lingering and lingering[0][0] <= now:
+        lingering, steady = self._linger_heap, self.hold_clock()
+        while lingering and lingering[0][0] <= steady:
             until, name, uid = heapq.heappop(lingering)
             on_node = self.lingering.get(name, {})
             if uid in on_node and on_node[uid][0] == until:
-                del on_node[uid]
-                if not on_node:
-                    del self.lingering[name]
-                self._touch(name)
-                self.on_room(name)
+                self._unlinger(uid, name)
 
     def due(self, now: float) -> list[PodClaim]:
         """Pods with an assumption old enough to verify with an authoritative read, oldest
@@ -634,7 +639,8 @@ class ClusterState:
         """A read found the pod gone (404, or its name on another UID): as a deletion the
         watch has not delivered. Nothing says kubelet has stopped it, so for its grace
         period (as for a forced deletion, :meth:`on_pod`) it stays charged where it was
-        bound, or where a binding POST of it may have landed (:meth:`_linger_on`), and
+        bound, or held (a binding POST of it may have landed there, or a read found it
+        there: :meth:`_linger_on`), and
         its replicas count as held: ending its holds with no departure would let the
         bound on unlocated pods (headroom.spread) count one replica fewer on the GPU
         kubelet still holds."""
@@ -643,8 +649,9 @@ class ClusterState:
         if cached is not None and cached.node:
             self._linger_on(cached.node, cached, linger)
         for node, hold in self.assumed.get(uid, {}).items():
-            if hold.posts and (cached is None or cached.node != node):
-                self._linger_on(node, hold.claim, linger)  # its binding may have landed
+            if cached is None or cached.node != node:
+                # Its binding may have landed there (a POST), or a read found it there.
+                self._linger_on(node, hold.claim, linger)
         self._drop(uid, linger=linger)
 
     def _linger_on(self, node: str, claim: PodClaim, linger: float) -> None:
@@ -654,15 +661,31 @@ class ClusterState:
         pod GC) until its grace period ends, and the pod may use all it declared
         meanwhile: charging only what a report last saw it hold would let another pod
         into that room. Only on a node it was, or may have been, bound to: a pod whose
-        last object shows no node never ran. :meth:`refresh` lets it go.
+        last object shows no node never ran. :meth:`refresh` lets it go, counting on
+        :attr:`hold_clock` (a wall-clock step must not end it early), and so does
+        kubelet's word that its containers stopped.
         """
-        until = self.clock() + linger
+        until = self.hold_clock() + linger
         self.lingering.setdefault(node, {})[claim.uid] = (
             until,
             replace(claim, node=node, terminated=False),
         )
         heapq.heappush(self._linger_heap, (until, node, claim.uid))
         self._touch(node)
+
+    def _lingers(self, uid: str) -> bool:
+        return any(uid in on_node for on_node in self.lingering.values())
+
+    def _unlinger(self, uid: str, node: str | None = None) -> None:
+        """End the pod's lingering charge: on ``node``, or everywhere."""
+        for name in [node] if node is not None else list(self.lingering):
+            on_node = self.lingering.get(name)
+            if on_node is None or on_node.pop(uid, None) is None:
+                continue
+            if not on_node:
+                del self.lingering[name]
+            self._touch(name)
+            self.on_room(name)
 
     def _linger(self, uid: str, grace: float = 0.0) -> float:
         """How long after now the pod's replicas may still be held: the longest grace

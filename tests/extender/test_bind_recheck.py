@@ -55,11 +55,10 @@ async def test_bind_rechecks_a_pod_the_filter_held(harness: Harness, change: str
 def test_a_pod_the_pod_gc_marks_failed_while_running_still_holds_its_replica() -> None:
     """Node churn: the Node object is deleted while kubelet still runs P. After its 40 s
     quarantine the pod GC (markFailedAndDeletePodWithCondition) patches P's phase to
-    Failed -- containers still running -- then force-deletes it. The extender's field-
-    selected watch delivers that as DELETED with P as it was before (Running); an event
-    carrying the Failed phase itself must not read as "stopped" either: only kubelet's
-    container statuses say so. Otherwise P leaves with no linger, and A and B (25 GiB
-    each) are admitted where the device plugin can put both on one 40 GiB GPU (as in
+    Failed -- containers still running -- then force-deletes it. The Failed phase must
+    not read as "stopped": only kubelet's container statuses say so. Otherwise P
+    leaves with no linger, and A and B (25 GiB each) are admitted where the device
+    plugin can put both on one 40 GiB GPU (as in
     test_a_pod_deleted_before_kubelet_stopped_it_still_counts_on_its_gpu)."""
     from tests.extender.test_state import admit, fresh_state
 

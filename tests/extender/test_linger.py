@@ -1,0 +1,111 @@
+"""The charge of a pod deleted, or ended, before kubelet reported it stopped: not ended
+early by a wall-clock step, kept where a read found the pod, started once, and ended by
+kubelet's word that its containers stopped."""
+
+from extender.state import ClusterState
+from tests.extender.conftest import MARGIN, Clock, Harness
+from tests.extender.objects import GIB, gpu_node, gpu_pod, stopped, uid_of
+from tests.extender.test_bind_storm import args, setup
+from tests.extender.test_state import fresh_state, headroom
+
+
+def test_touching_an_ended_pod_does_not_keep_it_charged_forever() -> None:
+    # kubelet rejected the pod at admission (e.g. spec.os.name: windows ->
+    # PodOSNotSupported): phase Failed, no containerStatuses, so never "stopped".
+    # ResourceQuota no longer counts it. Its owner may still patch its labels (edit
+    # role): every MODIFIED event starts the linger over, so the 10 GiB stay charged
+    # for as long as someone touches the pod.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pod = gpu_pod("rejected", node="gpu-a", declared="10Gi", phase="Pending")
+    state.on_pod("ADDED", pod)
+    failed = {**pod, "status": {"phase": "Failed", "reason": "PodOSNotSupported"}}
+    state.on_pod("MODIFIED", failed)
+    assert headroom(state) == empty - 10 * GIB  # grace 30 s + allowance 30 s: fine
+    for i in range(24):  # 20 minutes of a label patch every 50 s
+        clock.now += 50
+        touched = {**failed, "metadata": {**failed["metadata"], "labels": {"touch": str(i)}}}
+        state.on_pod("MODIFIED", touched)
+    assert headroom(state) == empty, (
+        f"an ended pod is still charged {len(state.lingering.get('gpu-a', {}))} claim(s) "
+        "1200 s after it failed (grace 30 s + allowance 30 s)"
+    )
+
+
+def test_a_wall_clock_step_does_not_end_a_linger_early() -> None:
+    # The pod is force-deleted while it runs (grace 300 s): kubelet may run it for
+    # 5 more minutes. NTP then steps the wall clock 10 minutes ahead. No time has
+    # passed on the monotonic clock, yet the charge is gone.
+    wall, steady = Clock(), Clock(now=1000.0)
+    state = ClusterState(margin=MARGIN, stale_after=1e9, clock=wall, hold_clock=steady)
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pod = gpu_pod("p", node="gpu-a", declared="30Gi", phase="Running")
+    pod["spec"]["terminationGracePeriodSeconds"] = 300
+    pod["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    state.on_pod("ADDED", pod)
+    state.on_pod("DELETED", pod)  # kubectl delete --force
+    assert headroom(state) == empty - 30 * GIB
+    wall.now += 600  # NTP step; steady clock unchanged
+    steady.now += 1
+    assert headroom(state) == empty - 30 * GIB, (
+        "a wall-clock step released a pod kubelet may still run for ~330 s"
+    )
+
+
+async def test_a_pod_read_bound_then_read_gone_stays_charged_where_the_read_saw_it(
+    harness: Harness,
+) -> None:
+    # The watch lags (or is broken). A bind of p to gpu-b is answered 409: the read
+    # finds p bound to gpu-a (an earlier binder's POST), so the extender charges it
+    # there (ClusterState.hold, no POST of its own: posts=0). p is then force-deleted
+    # and the next read finds it gone. README/gone(): "its declaration stays charged
+    # where it was bound"; but gone() lingers only the cache's node and POSTed holds.
+    state = harness.state
+    state.on_node("ADDED", gpu_node("gpu-b"))
+    pod = gpu_pod("p", declared="30Gi")
+    setup(harness, pod)  # gpu-a, p pending in the cache, readable
+    harness.binder.bound[("research", "p")] = "gpu-a"  # stored by someone else
+    result = await harness.extender.bind(args(pod, "gpu-b"))
+    assert result.Error  # 409: bound elsewhere
+    assert set(state.assumed[uid_of(pod)]) == {"gpu-a"}
+    assert [c.uid for c in state.claims_on("gpu-a")] == [uid_of(pod)]
+    harness.reader.pods.clear()  # force-deleted; the watch has not delivered it
+    harness.clock.now += 11
+    await harness.extender.verify_due()
+    assert state.assumed == {}
+    assert [c.uid for c in state.claims_on("gpu-a")] == [uid_of(pod)], (
+        "read bound to gpu-a, then read gone: no longer charged on gpu-a although "
+        "kubelet may run it for its grace period"
+    )
+
+
+def test_kubelets_word_that_the_pod_stopped_ends_its_linger() -> None:
+    # The pod GC marks p Failed (NodeLost) while its containers still show running:
+    # charged for its grace period (300 s) + 30 s. The node comes back and kubelet
+    # reports every container terminated -- the proof _stopped() looks for -- but
+    # the lingering claim is not let go: 30 GiB stay charged for 5 more minutes.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    empty = headroom(state)
+    pod = gpu_pod("p", node="gpu-a", declared="30Gi", phase="Running")
+    pod["spec"]["terminationGracePeriodSeconds"] = 300
+    pod["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    state.on_pod("ADDED", pod)
+    lost = {**pod, "status": {**pod["status"], "phase": "Failed", "reason": "NodeLost"}}
+    state.on_pod("MODIFIED", lost)
+    assert headroom(state) == empty - 30 * GIB
+    clock.now += 10
+    state.on_pod("MODIFIED", stopped(lost))  # kubelet: every container terminated
+    assert headroom(state) == empty, "still charged after kubelet reported it stopped"
+
+
+def test_a_pod_asking_for_no_gpu_never_lingers() -> None:
+    state, _ = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    web = gpu_pod("web", node="gpu-a", declared=None, shared=0, phase="Running")
+    web["metadata"]["annotations"] = {}
+    state.on_pod("ADDED", web)
+    state.on_pod("DELETED", web)  # force-deleted, containers not shown stopped
+    assert state.lingering == {}
