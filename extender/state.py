@@ -261,7 +261,7 @@ class ClusterState:
             # Failed while its containers may run on, and only kubelet's statuses
             # say they stopped.
             late = (kind == "DELETED" or claim.terminated) and not _stopped(obj)
-            if not late:
+            if not late and self.lingering:
                 self._unlinger(claim.uid)  # kubelet's word: its containers stopped
             # Only as the pod leaves (the cache held it, or the deletion itself), and
             # once: another event about an ended pod (a label patched) must not start
@@ -640,10 +640,9 @@ class ClusterState:
         watch has not delivered. Nothing says kubelet has stopped it, so for its grace
         period (as for a forced deletion, :meth:`on_pod`) it stays charged where it was
         bound, or held (a binding POST of it may have landed there, or a read found it
-        there: :meth:`_linger_on`), and
-        its replicas count as held: ending its holds with no departure would let the
-        bound on unlocated pods (headroom.spread) count one replica fewer on the GPU
-        kubelet still holds."""
+        there: :meth:`_linger_on`), and its replicas count as held: ending its holds
+        with no departure would let the bound on unlocated pods (headroom.spread)
+        count one replica fewer on the GPU kubelet still holds."""
         linger = self._linger(uid) if linger is None else linger
         cached = self.pods.get(uid)
         if cached is not None and cached.node:

@@ -347,7 +347,8 @@ def _measured(
     unlocated = [c for c in claims if c.shared and c.uid not in located]
     limits = _spread(
         unlocated, shared_indices, located_on, history, now, node.confirmed, groups,
-        node.replicas_per_gpu, foreign_replicas([report], known),
+        node.replicas_per_gpu,
+        foreign_replicas([report], known) if len(shared_indices) > 1 else None,
     )  # fmt: skip
     growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
@@ -408,8 +409,7 @@ def _measured(
 
 def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> dict[int, int]:
     """GPU index -> the pods, not in ``known``, that a report shows holding a replica
-    there (the most any of ``reports`` shows): by kubelet's allocations where the
-    report lists them, else by the memory held, as :func:`homes` places pods.
+    there (the most any of ``reports`` shows), placed as :func:`homes` places pods.
 
     A pod the watch has not delivered yet, or one deleted from the API longer ago
     than the departures are kept that kubelet still runs, holds its replica all the
@@ -417,15 +417,13 @@ def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> 
     """
     most: dict[int, int] = {}
     for report in reports:
-        listed = any(usage.allocated for gpu in report.gpus for usage in gpu.pods)
-        for gpu in report.gpus:
-            count = sum(
-                1
-                for usage in gpu.pods
-                if usage.uid not in known and (usage.allocated if listed else usage.used_bytes > 0)
-            )
-            if count:
-                most[gpu.index] = max(most.get(gpu.index, 0), count)
+        count: dict[int, int] = {}
+        for uid, where in _placements(report).items():
+            if uid not in known:
+                for index in where:
+                    count[index] = count.get(index, 0) + 1
+        for index, n in count.items():
+            most[index] = max(most.get(index, 0), n)
     return most
 
 
@@ -439,6 +437,12 @@ def homes(report: ReportStatus) -> dict[str, int]:
     lists no allocation at all (an agent without PodResources, or older than
     ``allocated``) places a pod where it holds memory, if on one GPU only.
     """
+    return {uid: min(where) for uid, where in _placements(report).items() if len(where) == 1}
+
+
+def _placements(report: ReportStatus) -> dict[str, set[int]]:
+    """Pod UID -> the GPUs kubelet allocated it, where the report lists allocations;
+    else the GPUs it holds memory on (:func:`homes`)."""
     allocated: dict[str, set[int]] = {}
     held: dict[str, set[int]] = {}
     for gpu in report.gpus:
@@ -447,8 +451,7 @@ def homes(report: ReportStatus) -> dict[str, int]:
                 allocated.setdefault(usage.uid, set()).add(gpu.index)
             if usage.used_bytes:
                 held.setdefault(usage.uid, set()).add(gpu.index)
-    evidence = allocated or held
-    return {uid: min(where) for uid, where in evidence.items() if len(where) == 1}
+    return allocated or held
 
 
 def _readable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, dict[int, str]]:
@@ -567,7 +570,7 @@ def _declared_only(
     shared = [c for c in claims if c.shared]
     limits = _spread(
         shared, list(range(node.count)), {}, history, now, node.confirmed, groups,
-        node.replicas_per_gpu, foreign_replicas(evidence, known),
+        node.replicas_per_gpu, foreign_replicas(evidence, known) if node.count > 1 else None,
     )  # fmt: skip
     gpus = []
     # Every GPU's lines are alike but for a legacy pod's (the GPU's total): made once.
