@@ -67,7 +67,8 @@ PENDING_MEMORY = 10_000
 LINGER_ALLOWANCE_SECONDS = 30.0
 """Beyond a pod's grace period, how long kubelet may take to kill what is left and
 release its devices, and its agent to report it (a report's clock tolerance). A
-grace period is counted up to :data:`HISTORY_SECONDS`: the tenant sets it."""
+grace period is counted up to :data:`HISTORY_SECONDS`: the tenant sets it, and the
+admission policy ``headroom-shared-gpu-pods`` refuses a shared pod asking longer."""
 
 TRIALS_KEPT = 16
 """Multi-replica pod shapes whose trial answers are kept per node."""

@@ -249,6 +249,35 @@ def test_a_shared_count_of_zero_is_no_slot(cluster: Cluster, namespace: Namespac
     assert pods(cluster, dry) == []
 
 
+def test_a_shared_pods_grace_period_is_bounded(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # A pod force-deleted (kubectl delete --force --grace-period=0) leaves the API at
+    # once, and kubelet, which never saw a deletion grace period, stops it with the
+    # pod's own (calculateEffectiveGracePeriod, pkg/kubelet/pod_workers.go): a year,
+    # with SIGTERM trapped. The extender charges a pod gone from the API for its
+    # grace period up to 600 s; the guard has no pod left to evict. So a shared pod
+    # may not ask for longer: in a policy namespace (through the webhook) or not.
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    year = gpu_pod(ns, "year", memory="4Gi")
+    year["spec"]["terminationGracePeriodSeconds"] = 31_536_000
+    direct = shared_pod(ns, "direct", terminationGracePeriodSeconds=601)
+    for pod in (year, direct):
+        code, out = create(cluster, pod, f"--as={TENANT}")
+        assert code != 0, out
+        assert "spec.terminationGracePeriodSeconds" in out, out
+        assert "at most 600" in out, out
+    assert pods(cluster, ns) == []
+    ten_minutes = gpu_pod(ns, "ten-minutes", memory="4Gi")
+    ten_minutes["spec"]["terminationGracePeriodSeconds"] = 600
+    result = cluster.kubectl(
+        f"--as={TENANT}", "create", "--dry-run=server", "-f", "-",
+        input=yaml.safe_dump(ten_minutes), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def test_counts_cut_to_64_bits_and_a_declaration_of_0_are_refused(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:

@@ -2,7 +2,12 @@
 early by a wall-clock step, kept where a read found the pod, started once, and ended by
 kubelet's word that its containers stopped."""
 
-from extender.state import ClusterState
+import re
+from pathlib import Path
+
+import yaml
+
+from extender.state import HISTORY_SECONDS, ClusterState
 from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import GIB, gpu_node, gpu_pod, stopped, uid_of
 from tests.extender.test_bind_storm import args, setup
@@ -109,3 +114,17 @@ def test_a_pod_asking_for_no_gpu_never_lingers() -> None:
     state.on_pod("ADDED", web)
     state.on_pod("DELETED", web)  # force-deleted, containers not shown stopped
     assert state.lingering == {}
+
+
+def test_the_admission_policy_bounds_grace_periods_where_the_linger_does() -> None:
+    # A force-deleted pod is charged for its grace period up to HISTORY_SECONDS, and
+    # kubelet may run it for all of its own: headroom-shared-gpu-pods refuses a shared
+    # pod asking more. The two figures are one bound, in two files.
+    path = Path(__file__).resolve().parents[2] / "manifests/base/admission/shared-gpu-pods.yaml"
+    policy = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"].endswith("Policy"))
+    bounds = [
+        int(m.group(1))
+        for v in policy["spec"]["validations"]
+        if (m := re.search(r"terminationGracePeriodSeconds <= (\d+)", v["expression"]))
+    ]
+    assert bounds == [int(HISTORY_SECONDS)]
