@@ -84,6 +84,13 @@ class ReportWriter:
         return str((current.get("metadata") or {}).get("resourceVersion") or "") or None
 
 
+MULTIPLE_BUDGETS = "more than one PodDisruptionBudget"
+"""kube-apiserver's refusal to evict a pod two or more PodDisruptionBudgets select
+(``pkg/registry/core/pod/storage/eviction.go``): HTTP 500, not 429. A tenant with
+``edit`` may write two budgets over their own pod; read as an error, the eviction
+was retried for ever and the pod never deleted."""
+
+
 class PodActions:
     """Events on pods and evictions, for the guard."""
 
@@ -122,7 +129,8 @@ class PodActions:
     def evict(
         self, namespace: str, name: str, uid: str, grace: int = EVICTION_GRACE_SECONDS
     ) -> bool:
-        """True when evicted (or already gone); False when a PodDisruptionBudget refused.
+        """True when evicted (or already gone); False when a PodDisruptionBudget refused
+        (one out of budget: 429; several over the pod: :data:`MULTIPLE_BUDGETS`).
 
         ``grace``: the seconds the pod gets to stop, not the ones its author chose.
         """
@@ -142,7 +150,7 @@ class PodActions:
                 name, namespace, eviction, _request_timeout=self._timeout
             )
         except ApiException as err:
-            if err.status == 429:
+            if err.status == 429 or MULTIPLE_BUDGETS in str(err.body or ""):
                 return False
             if err.status in (404, 409):
                 return True  # gone, or a different pod now has the name

@@ -109,13 +109,17 @@ def test_a_tenant_cannot_switch_the_guard_off_from_the_pod(
     eventually("the evicted pod gone", lambda: pods(cluster, ns) == [], timeout=60)
 
 
+@pytest.mark.parametrize("budgets", [1, 2], ids=["one-pdb", "two-pdbs"])
 def test_a_tenants_pdb_does_not_switch_the_guard_off(
-    cluster: Cluster, namespace: NamespaceFactory, guard_policies: None
+    cluster: Cluster, namespace: NamespaceFactory, guard_policies: None, budgets: int
 ) -> None:
     # The guard evicts through the Eviction API, which honours PodDisruptionBudgets,
     # and the edit role may write them: a tenant covers their pod with
     # maxUnavailable: 0 and then outgrows the declaration. The eviction is refused,
-    # and the agent deletes the pod instead.
+    # and the agent deletes the pod instead. With two budgets over the pod,
+    # kube-apiserver refuses every eviction with HTTP 201 and a Failure Status
+    # ("more than one PodDisruptionBudget"), which the Python client once read as
+    # an eviction done: the guard then never deleted.
     ns = namespace(EVICT)
     tenant_of(cluster, ns)
     hog = gpu_pod(ns, "hog", memory="4Gi", labels={"app": "hog"})
@@ -124,14 +128,15 @@ def test_a_tenants_pdb_does_not_switch_the_guard_off(
     code, out = create(cluster, hog, f"--as={TENANT}")
     assert code == 0, out
     eventually("the pod Running", lambda: len(running(pods(cluster, ns))) == 1)
-    pdb = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-hog", "namespace": ns},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "hog"}}},
-    }
-    code, out = as_tenant(cluster, "create", "-f", "-", input=json.dumps(pdb))
-    assert code == 0, out
+    for i in range(budgets):
+        pdb = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"keep-hog-{i}", "namespace": ns},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "hog"}}},
+        }
+        code, out = as_tenant(cluster, "create", "-f", "-", input=json.dumps(pdb))
+        assert code == 0, out
     code, out = as_tenant(
         cluster, "annotate", "pod", "hog", "-n", ns, "--overwrite",
         f"{names.ANNOTATION_SIMULATED_USAGE}={usage('8Gi')}",
