@@ -151,17 +151,25 @@ def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
     """Per pod UID: what it holds on each GPU and MIG device the report lists it on.
 
     Not on a GPU NVML failed to read: its figures are the last it read
-    (agent.attribution), evidence for the extender, not what a pod holds now.
+    (agent.attribution), evidence for the extender, not what a pod holds now. Nor a
+    figure no device can give: a pod holding more than the whole GPU or MIG device
+    (NVML's garbage; resident memory never exceeds the device). The report carries
+    it, where it only charges more; it proves no pod over.
     """
     usage: dict[str, list[DeviceUse]] = {}
     for gpu in status.gpus:
         if gpu.error:
             continue
         where = f"gpu {gpu.index} ({gpu.product})" if gpu.product else f"gpu {gpu.index}"
-        places = [(where, gpu.pods, False)]
-        places += [(f"{where} MIG {d.profile or d.uuid}", d.pods, True) for d in gpu.mig_devices]
-        for place, pods, mig in places:
+        places = [(where, gpu.pods, False, gpu.total_bytes)]
+        places += [
+            (f"{where} MIG {d.profile or d.uuid}", d.pods, True, d.total_bytes)
+            for d in gpu.mig_devices
+        ]
+        for place, pods, mig, total in places:
             for pod in pods:
+                if 0 < total < pod.used_bytes:
+                    continue
                 usage.setdefault(pod.uid, []).append(
                     DeviceUse(place, pod.used_bytes, pod.allocated, mig)
                 )

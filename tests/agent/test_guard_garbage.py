@@ -1,0 +1,67 @@
+"""The guard evicts only on figures a GPU can hold.
+
+NVML can return nonsense for one GPU (a driver fault, a GPU falling off the bus
+between two reads): a process holding more than the whole GPU or MIG device.
+Resident device memory cannot exceed the device, so such a figure proves nothing
+-- the report still carries it, where it only charges more -- and the guard must
+not evict on it. A pod that is really over on a reading that can be is still
+evicted.
+"""
+
+from datetime import UTC, datetime
+
+from agent.guard import Guard
+from headroom.quantity import GIB
+from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
+from tests.agent.test_guard import NAMESPACES, POLICIES, guarded
+
+
+def reading(
+    held: dict[str, int], *, total: int = 40 * GIB, used: int | None = None
+) -> ReportStatus:
+    used = sum(held.values()) if used is None else used
+    return ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[
+            GPUUsage(
+                index=0,
+                uuid="GPU-0",
+                total_bytes=total,
+                used_bytes=used,
+                free_bytes=max(total - used, 0),
+                pods=[PodUsage(uid=uid, used_bytes=b, allocated=True) for uid, b in held.items()],
+            )
+        ],
+    )
+
+
+def verdicts(status: ReportStatus, times: int = 3) -> list[tuple[str, str]]:
+    pods = {"a": guarded("a", "strict", "10Gi"), "b": guarded("b", "strict", "10Gi")}
+    guard = Guard(grace=2)
+    out: list[tuple[str, str]] = []
+    for _ in range(times):
+        out += [(v.kind, v.uid) for v in guard.observe(status, pods, POLICIES, NAMESPACES)]
+    return out
+
+
+def test_a_process_holding_more_than_the_gpu_is_no_proof() -> None:
+    # NVML says pod a holds 64 GiB of a 40 GiB GPU: garbage, not an over-declaration.
+    assert verdicts(reading({"a": 64 * GIB}, used=64 * GIB)) == []
+
+
+def test_a_mig_device_holding_more_than_its_slice_is_no_proof() -> None:
+    status = reading({})
+    status.gpus[0].mig_enabled = True
+    status.gpus[0].mig_devices = [
+        MigDeviceUsage(
+            uuid="MIG-0", profile="1g.10gb", total_bytes=10 * GIB, used_bytes=12 * GIB,
+            pods=[PodUsage(uid="a", used_bytes=12 * GIB, allocated=False)],
+        )
+    ]  # fmt: skip
+    assert verdicts(status) == []
+
+
+def test_a_pod_over_on_a_consistent_reading_is_still_evicted() -> None:
+    assert ("evict", "a") in verdicts(reading({"a": 16 * GIB, "b": 4 * GIB}))
