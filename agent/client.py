@@ -68,7 +68,18 @@ class ReportWriter:
             self._version = str((result.get("metadata") or {}).get("resourceVersion") or "") or None
             return
 
-    def _current_version(self, name: str) -> str | None:
+    def read(self, name: str) -> dict[str, Any] | None:
+        """The report object stored for ``name`` now (None: none), its version kept
+        for the next write. A restarted agent carries the figures it holds for GPUs
+        NVML cannot read (agent.attribution)."""
+        current = self._get(name)
+        if current is not None:
+            self._version = (
+                str((current.get("metadata") or {}).get("resourceVersion") or "") or None
+            )
+        return current
+
+    def _get(self, name: str) -> dict[str, Any] | None:
         try:
             current: Any = self._api.get_cluster_custom_object(
                 names.GROUP,
@@ -81,6 +92,12 @@ class ReportWriter:
             if err.status == 404:
                 return None
             raise
+        return current if isinstance(current, dict) else None
+
+    def _current_version(self, name: str) -> str | None:
+        current = self._get(name)
+        if current is None:
+            return None
         return str((current.get("metadata") or {}).get("resourceVersion") or "") or None
 
 

@@ -43,7 +43,7 @@ from agent.server import AgentMetrics, create_app
 from agent.simulated import SimulatedProbe
 from headroom import names
 from headroom.policy import GPUSharingPolicy
-from headroom.reports import ReportStatus
+from headroom.reports import SCHEMA_VERSION, ReportStatus, parse_report
 from kube.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,11 @@ class Agent:
         allocations: Callable[[Mapping[str, Pod]], Awaitable[Allocations]] | None = None,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        previous: ReportStatus | None = None,
     ) -> None:
+        """``previous``: the node's report as stored when the agent (re)started
+        (:func:`stored_report`), whose figures the first ticks carry for a GPU NVML
+        cannot read, as later ticks carry the last tick's."""
         self._node_name = node_name
         self._probe = probe
         self.reporter = reporter
@@ -121,6 +125,9 @@ class Agent:
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         self.last: ReportStatus | None = None
+        self._stored = (
+            previous if previous is not None and previous.node_name == node_name else None
+        )
         self.last_tick_at: float | None = None
         self._failure_reason: str | None = None
 
@@ -151,7 +158,11 @@ class Agent:
             failure=failure,
             pods=pods,
             resolve=self._resolve,
-            previous=self.last,
+            # A restarted agent has no last tick: a GPU NVML fails to read (or every
+            # GPU, NVML down) would be written with zero figures over the ones the
+            # stored report carries, and an extender restarted since would read an
+            # empty GPU (agent.attribution).
+            previous=self.last if self.last is not None else self._stored,
             heartbeat_seconds=round(self.reporter.policy.heartbeat_seconds),
         )
         self.last = status
@@ -307,10 +318,11 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         )
     else:
         probe = NvmlProbe(retry_seconds=config.nvml_retry_seconds)
+    writer = ReportWriter(api)
     agent = Agent(
         node_name=config.node_name,
         probe=probe,
-        reporter=Reporter(ReportWriter(api), config.write_policy),
+        reporter=Reporter(writer, config.write_policy),
         guard=Guard(config.grace),
         actions=PodActions(api, config.node_name),
         pods=lambda: pod_informer.items,
@@ -318,6 +330,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         namespaces=lambda: namespace_informer.items,
         resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
         allocations=kubelet.read if kubelet is not None else None,
+        previous=await asyncio.to_thread(stored_report, writer, config.node_name),
     )
     pod_informer.start()
     policy_informer.start()
@@ -346,6 +359,22 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
             await kubelet.close()
         if runner is not None:
             await runner.cleanup()
+
+
+def stored_report(writer: ReportWriter, node_name: str) -> ReportStatus | None:
+    """The node's GPUNodeReport as stored now, if one is there and readable: what a
+    restarted agent's first ticks carry for GPUs NVML cannot read. Never fails."""
+    try:
+        obj = writer.read(node_name)
+        if obj is None:
+            return None
+        report = parse_report(obj)
+    except Exception as err:  # the API down, a report of an older shape: start empty
+        log.warning("cannot read the stored GPUNodeReport of %s: %s", node_name, err)
+        return None
+    if report.schema_version != SCHEMA_VERSION or report.node_name != node_name:
+        return None
+    return report
 
 
 async def _wait(event: asyncio.Event, stop: asyncio.Event) -> None:
