@@ -128,6 +128,13 @@ class ClusterState:
         self._replicas_seen: dict[str, int] = {}
         """Node -> the most replicas per GPU it has offered since this extender started
         (:attr:`NodeGPUs.replicas_per_gpu`)."""
+        self._offered: dict[str, tuple[int | None, int | None]] = {}
+        """Node -> (replicas per GPU by its consistent labels, shared capacity per GPU)
+        as last known (:meth:`_note_cut`)."""
+        self._replicas_cut: dict[str, float] = {}
+        """Node -> when (:attr:`clock`) it was last seen offering fewer replicas per GPU
+        than just before: the pods created until then may hold replicas the device
+        plugin no longer lists, which its balance counts nowhere (:meth:`_history_after`)."""
         self._numa_seen: dict[str, dict[int, Hashable]] = {}
         """Node -> the NUMA grouping every report since the node appeared allows."""
         self.shared_headroom: dict[str, int] = {}
@@ -173,6 +180,7 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
         else:
+            self._note_cut(node)
             if node.replicas_per_gpu is not None:
                 # Fewer replicas configured leave the pods kubelet allocated before on
                 # the old ones: a GPU is capped by the most it has been seen to offer.
@@ -181,6 +189,23 @@ class ClusterState:
                 node = replace(node, replicas_per_gpu=most)
             self.nodes[node.name] = node
         self._touch(node.name)
+
+    def _note_cut(self, node: NodeGPUs) -> None:
+        """Stamp :attr:`_replicas_cut` when the node offers fewer replicas per GPU than
+        it did just before: by its consistent labels and capacity, or by its capacity
+        over the GPUs both show. Time-slicing cut from 8 to 4: kubelet keeps the pods it
+        gave ``::4..::7``, and the device plugin, balancing by the replicas it lists,
+        counts them nowhere. A capacity of 0 (kubelet restarted, the plugin not
+        registered again yet) says nothing and is no cut."""
+        per_gpu = node.shared_capacity // node.confirmed if node.confirmed else 0
+        now = (node.replicas_per_gpu, per_gpu or None)
+        before = self._offered.get(node.name, (None, None))
+        if any(b is not None and n is not None and n < b for n, b in zip(now, before, strict=True)):
+            self._replicas_cut[node.name] = self.clock()
+        self._offered[node.name] = (
+            now[0] if now[0] is not None else before[0],
+            now[1] if now[1] is not None else before[1],
+        )
 
     def on_report(self, kind: str, obj: Mapping[str, Any]) -> None:
         metadata = obj.get("metadata")
@@ -381,7 +406,7 @@ class ClusterState:
         here (its bind may have landed, kubelet may have allocated it) from any GPU.
         With a ``horizon``, the history's start is where it will be by then: a pod
         created before that is then charged on every GPU."""
-        if not self.spread:
+        if not self.spread or self._predates_cut(name):
             return None
         history = self.history(name)
         now = self.clock()
@@ -397,6 +422,24 @@ class ClusterState:
             elif uid in held and held[uid].shared:
                 left.extend([(now, None)] * held[uid].shared)
         return History(since, history.departures + tuple(left))
+
+    def _predates_cut(self, name: str) -> bool:
+        """Whether a shared pod on the node may hold a replica its device plugin stopped
+        listing when its replicas were cut (:attr:`_replicas_cut`): created before the
+        cut was seen (a clock skew's tolerance later). The NVIDIA plugin's distributed
+        policy balances by the replicas it lists (``total - available``,
+        internal/rm/allocate.go), so a GPU whose pods sit on replicas cut away looks
+        empty to it, and neither the bound on unlocated pods nor the cap of replicas
+        per GPU (headroom.spread) holds: every unlocated pod is charged everywhere and
+        a new pod must fit every GPU, until those pods are gone."""
+        cut = self._replicas_cut.get(name)
+        if cut is None:
+            return False
+        limit = cut + FUTURE_TOLERANCE_SECONDS
+        return any(
+            claim.shared and (claim.created is None or claim.created <= limit)
+            for claim in self.claims_on(name)
+        )
 
     def fit(
         self,
@@ -788,6 +831,8 @@ class ClusterState:
             self.last_good.pop(node, None)
             self.departures.pop(node, None)
             self._replicas_seen.pop(node, None)
+            self._offered.pop(node, None)
+            self._replicas_cut.pop(node, None)
             self._numa_seen.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)

@@ -1,0 +1,113 @@
+"""Time-slicing replicas cut on a live node: the allocator no longer sees the old replicas.
+
+The NVIDIA device plugin's ``distributed`` policy balances by the replicas it lists
+(``total - available`` per GPU, internal/rm/allocate.go). Cut from 8 replicas per GPU
+to 4, it lists ``::0..::3``; a pod kubelet gave ``::4..::7`` before the cut keeps it
+and runs on, but the plugin counts it nowhere. So a GPU whose four pods all sit on
+old replicas looks empty to it, and the next pod may land there.
+"""
+
+from datetime import UTC, datetime
+
+from extender.state import ClusterState
+from tests.extender.conftest import MARGIN, Clock
+from tests.extender.objects import GIB, Object, gpu_node, gpu_pod, gpu_report, stopped, uid_of
+
+
+def test_a_gpu_whose_pods_hold_replicas_cut_away_still_takes_new_pods() -> None:
+    # Two 40 GiB GPUs, 8 replicas each. Four 9 GiB pods run on GPU 0 (36 GiB),
+    # located by the agent; GPU 1 is empty. The replicas are cut to 4. The spread
+    # bound reads GPU 0 as 4 allocated against GPU 1's 0 and says q (9 GiB) cannot
+    # land on GPU 0; the plugin, which lists only ::0..::3, sees GPU 0 at 0 in use
+    # (its pods hold ::4..::7) and may give q GPU 0: 45 GiB on 40.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=8))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage))
+    clock.now += 60
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = _created(gpu_pod("q", declared="9Gi"), clock)
+    state.on_pod("ADDED", q)
+    verdict = state.assume(state.parse(q), "gpu-a")
+    assert not verdict.fits, "q may land on GPU 0 beside 36 GiB"
+    assert "headroom" in verdict.reason
+
+
+def test_once_the_pods_from_before_the_cut_are_gone_the_bound_counts_again() -> None:
+    # Packing is not lost for good: pods created after the cut were given replicas the
+    # plugin lists, and with those alone on GPU 0 it holds 4 of 4, so q goes to GPU 1.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=8))
+    old = gpu_pod("old", node="gpu-a", declared="9Gi", phase="Running")
+    state.on_pod("ADDED", old)
+    clock.now += 60
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    clock.now += 60
+    new = [
+        _created(gpu_pod(f"b{i}", node="gpu-a", declared="9Gi", phase="Running"), clock)
+        for i in range(4)
+    ]
+    for pod in new:
+        state.on_pod("ADDED", pod)
+    usage = {0: {uid_of(p): 9 * GIB for p in new}, 1: {uid_of(old): 9 * GIB}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = _created(gpu_pod("q", declared="9Gi"), clock)
+    state.on_pod("ADDED", q)
+    assert not state.assume(state.parse(q), "gpu-a").fits  # old may sit on GPU 1's ::4..::7
+    state.on_pod("DELETED", stopped(old))
+    usage[1] = {}
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage, at=_at(clock)))
+    assert state.assume(state.parse(q), "gpu-a").fits
+
+
+def test_without_a_cut_a_full_gpu_still_takes_no_new_pod() -> None:
+    # The same pods under 4 replicas from the start: GPU 0 holds 4 of 4, the plugin
+    # can only give q GPU 1, and the bound lets q onto the node (no packing lost).
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    clock.now += 60
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = gpu_pod("q", declared="9Gi")
+    state.on_pod("ADDED", q)
+    assert state.assume(state.parse(q), "gpu-a").fits
+
+
+def _at(clock: Clock) -> datetime:
+    return datetime.fromtimestamp(clock.now, UTC)
+
+
+def _created(pod: Object, clock: Clock) -> Object:
+    pod["metadata"]["creationTimestamp"] = _at(clock).isoformat().replace("+00:00", "Z")
+    return pod
+
+
+def test_a_kubelet_restart_zeroing_the_capacity_is_no_cut() -> None:
+    # kubelet reports nvidia.com/gpu.shared as 0 until the plugin registers again,
+    # with the same replicas: nothing was cut, and the bound keeps counting.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    clock.now += 60
+    restarting = gpu_node("gpu-a", gpus=2, replicas=4)
+    restarting["status"]["capacity"]["nvidia.com/gpu.shared"] = "0"
+    state.on_node("MODIFIED", restarting)
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = _created(gpu_pod("q", declared="9Gi"), clock)
+    state.on_pod("ADDED", q)
+    assert state.assume(state.parse(q), "gpu-a").fits
