@@ -64,7 +64,7 @@ def decide(
     if operation != "CREATE":
         return Decision(True, "skipped", f"{ascii_line(operation)} is not mutated")
     policy_name = namespace_labels.get(names.LABEL_POLICY)
-    if not policy_name or not isinstance(policy_name, str):
+    if policy_name is None or not isinstance(policy_name, str):
         return Decision(True, "skipped", "namespace has no headroom.dev/policy label")
     if not isinstance(pod, Mapping):
         return Decision(False, "denied", f"object: expected a Pod, got {json_type(pod)}")
@@ -109,6 +109,9 @@ def _decide(
         warning = (
             f"headroom: namespace {namespace} names GPUSharingPolicy {policy_name}, "
             "which does not exist; pod not changed"
+            if policy_name
+            else f"headroom: namespace {namespace} has an empty {names.LABEL_POLICY} label, "
+            "which names no GPUSharingPolicy; pod not changed"
         )
         return Decision(
             True,

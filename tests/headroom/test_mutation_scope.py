@@ -72,6 +72,16 @@ def test_rule1_label_naming_a_missing_policy_warns_and_passes() -> None:
     assert "does not exist" in decision.warnings[0]
 
 
+def test_rule1_an_empty_policy_label_warns_as_a_missing_policy() -> None:
+    # The webhook is called for every namespace with the label (Exists), and the
+    # unlabelled-namespaces admission policy binds only where it does not exist: an
+    # empty value, an admin's slip, passed shared pods with no word at all.
+    decision = run(load_pod("mps-pod"), labels={"headroom.dev/policy": ""})
+    assert (decision.allowed, decision.outcome, decision.patch) == (True, "no-policy", [])
+    assert len(decision.warnings) == 1
+    assert "empty headroom.dev/policy label" in decision.warnings[0]
+
+
 def test_rule1_passthrough_policy_changes_nothing() -> None:
     decision = run(load_pod("tensorflow-deployment"), make_policy("hands-off", mode="passthrough"))
     assert (decision.allowed, decision.outcome, decision.patch) == (True, "unchanged", [])
