@@ -27,6 +27,10 @@ not its rate limiter. ``--without prioritize`` / ``--without bind`` are
 experiments: they leave that verb out of headroom-scheduler's configuration,
 to measure what each round trip costs. ``--nodes-to-score PERCENT`` is a
 tuning experiment: headroom-scheduler's ``percentageOfNodesToScore``.
+``--placement spread`` is an experiment too: the bench namespace's policy
+places pods on the emptiest GPU that fits rather than the fullest (the shipped
+``gpu-shared`` binpacks), to measure what binpacking costs kube-scheduler,
+which passes every full node on its way to the feasible ones it looks for.
 
 "Fits by memory" is the bound a perfect packer reaches: per GPU
 ``min(replicas, floor((memory - margin) / declared))`` pods. The over-commit
@@ -372,6 +376,32 @@ VERBS = ("prioritize", "bind")
 """Extender verbs ``--without`` may leave out of headroom-scheduler's configuration."""
 
 
+def spread_policy(cluster: Cluster) -> str:
+    """A copy of the shipped ``gpu-shared`` policy that spreads; its name, once the
+    webhook admits pods by it (server-side dry runs until one is annotated so)."""
+    shipped = cluster.kubectl_json("get", "gpusharingpolicy", "gpu-shared")
+    name = "bench-spread"
+    cluster.kubectl.apply([{
+        "apiVersion": shipped["apiVersion"], "kind": shipped["kind"],
+        "metadata": {"name": name}, "spec": {**shipped["spec"], "placement": "spread"},
+    }])  # fmt: skip
+    create_namespace(cluster, "bench-probe", policy=name)
+    probe = pod("bench-probe", "probe", headroom=True, memory="1Gi")
+
+    def spreads() -> bool:
+        done = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=json.dumps(probe), check=False,
+        )  # fmt: skip
+        if done.returncode:
+            return False
+        annotations = json.loads(done.stdout)["metadata"].get("annotations", {})
+        return bool(annotations.get(names.ANNOTATION_PLACEMENT) == "spread")
+
+    wait_until(f"the webhook to admit pods by policy {name}", spreads, timeout=60, interval=1)
+    return name
+
+
 def configure(
     cluster: Cluster,
     scheduler: str,
@@ -476,7 +506,8 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
 
     specs = nodes.load(node_file)
     components.install(cluster, specs, _progress)
-    create_namespace(cluster, "bench-headroom", policy="gpu-shared")
+    policy = "gpu-shared" if args.placement == "binpack" else spread_policy(cluster)
+    create_namespace(cluster, "bench-headroom", policy=policy)
     # The gpu-shared policy selects time-sliced nodes and tolerates the GPU taint: the
     # bench nodes carry the label and no taint, so every one of them is a candidate.
     fits = min(args.pods, fit_bound(args.nodes, args.gpus_per_node, args.replicas, memory, margin))
@@ -525,6 +556,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         "rounds": args.rounds,
         "without": list(args.without),
         "nodes_to_score": args.nodes_to_score,
+        "placement": args.placement,
         "stock_bound": min(r["bound"] for r in stock_rounds),
         "stock_seconds": stock["seconds"],
         "stock_pods_per_s": stock["pods_per_s"],
@@ -599,6 +631,11 @@ def main() -> int:
         help="a tuning experiment: headroom-scheduler's percentageOfNodesToScore (default: "
         "kube-scheduler's adaptive one, as shipped; it finds at least 100 feasible nodes "
         "whatever the percentage, and the extender chooses among those)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--placement", choices=("binpack", "spread"), default="binpack",
+        help="an experiment: the bench namespace's policy places pods on the fullest GPU "
+        "that fits (binpack, the shipped gpu-shared policy) or the emptiest (spread, a copy)",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
