@@ -1,4 +1,4 @@
-"""``headroom extender``: the kube-scheduler extender (HTTP: /filter /prioritize /bind).
+"""``headroom extender``: the kube-scheduler extender (HTTP: /filter /prioritize /bind /preempt).
 
 Watches nodes, GPU pods and GPUNodeReports; filters out nodes whose GPU lacks
 the memory a pod declared, scores the rest (binpack or spread), and binds,
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "extender",
-        help="serve the kube-scheduler extender (HTTP: /filter /prioritize /bind /state)",
+        help="serve the kube-scheduler extender (HTTP: /filter /prioritize /bind /preempt /state)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "webhook",
-        help="serve the mutating admission webhook (HTTPS: /mutate /healthz /readyz /metrics)",
+        help="serve the mutating admission webhook "
+        "(HTTPS: /mutate /validate-eviction /healthz /readyz /metrics)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
