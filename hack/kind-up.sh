@@ -22,6 +22,9 @@ if ! kind get clusters 2>/dev/null | grep -qx "$cluster"; then
 fi
 docker build -t "$image" "$root"
 kind load docker-image --name "$cluster" "$image"
+# The CRDs first: one apply cannot create them and the GPUSharingPolicies that use them.
+kubectl --context "kind-$cluster" apply --server-side -f "$root/manifests/base/crds/"
+kubectl --context "kind-$cluster" wait --for=condition=Established --timeout=60s -f "$root/manifests/base/crds/"
 kubectl --context "kind-$cluster" apply --server-side -k "$root/manifests/base"
 kubectl --context "kind-$cluster" -n headroom-system wait --for=condition=complete job/headroom-certs --timeout=120s
 kubectl --context "kind-$cluster" -n headroom-system rollout status deployment/headroom-webhook --timeout=180s

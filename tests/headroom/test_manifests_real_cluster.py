@@ -1,0 +1,145 @@
+"""What manifests/base needs on a real cluster that the local cluster cannot show.
+
+``headroom cluster up`` runs Headroom's processes on the host, applies the CRDs
+before everything else (devcluster/components.py, devcluster/incluster.py) and
+has no other GPU taints, no PriorityClasses competing with Headroom's pods and
+no Konnectivity. These read the manifests and the install instructions as a
+platform engineer would follow them.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "manifests/base"
+POLICIES = sorted((BASE / "policies").glob("*.yaml"))
+
+
+def _load(relative: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((ROOT / relative).read_text())
+    return document
+
+
+def _pod_spec(relative: str) -> dict[str, Any]:
+    spec: dict[str, Any] = _load(relative)["spec"]["template"]["spec"]
+    return spec
+
+
+def test_every_long_running_component_outranks_tenant_pods() -> None:
+    # The webhook's failurePolicy is Fail: preempted by a tenant's higher-priority
+    # pod, or evicted first under node pressure, it refuses every GPU pod in policy
+    # namespaces (and every agent eviction) until it is back.
+    assert _pod_spec("manifests/base/webhook/deployment.yaml")["priorityClassName"] == (
+        "system-cluster-critical"
+    )
+    assert _pod_spec("manifests/base/scheduler/deployment.yaml")["priorityClassName"] == (
+        "system-cluster-critical"
+    )
+    assert _pod_spec("manifests/base/agent/daemonset.yaml")["priorityClassName"] == (
+        "system-node-critical"
+    )
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """core/v1 Toleration.ToleratesTaint, for the fields the manifests use."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"
+    if toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
+def test_the_agent_runs_on_every_gpu_node_whatever_its_taints() -> None:
+    tolerations = _pod_spec("manifests/base/agent/daemonset.yaml")["tolerations"]
+    taints = [
+        # GKE's GPU node pools, the local cluster's, AKS's documented GPU pool taint,
+        # a team-dedicated pool, and a NoExecute dedication.
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/gpu", "value": "true", "effect": "NoSchedule"},
+        {"key": "sku", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoExecute"},
+    ]
+    # Whatever a shipped policy lets tenant pods past, the agent gets past too:
+    # a shared pod on a node with no agent has no report and no guard.
+    for path in POLICIES:
+        for toleration in yaml.safe_load(path.read_text())["spec"].get("tolerations", []):
+            taints.append({k: toleration.get(k) for k in ("key", "value", "effect")})
+    for taint in taints:
+        assert any(_tolerates(t, taint) for t in tolerations), taint
+
+
+def _deploy_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Deploying to a cluster")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def _ordered_commands(text: str) -> list[str]:
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if re.match(r"\s*kubectl\b.*\b(apply|wait)\b", line)
+    ]
+
+
+def _crds_before_kustomize(commands: list[str]) -> None:
+    """One ``kubectl apply -k`` of manifests/base cannot create the CRDs and the
+    GPUSharingPolicies in it: kubectl maps every object's kind before it sends
+    any ("no matches for kind GPUSharingPolicy ... ensure CRDs are installed
+    first"), so the CRDs are applied and Established first."""
+    kustomize = next(i for i, c in enumerate(commands) if " -k " in f"{c} ")
+    crds = next(i for i, c in enumerate(commands) if "apply" in c and "manifests/base/crds/" in c)
+    wait = next(i for i, c in enumerate(commands) if "condition=Established" in c)
+    assert crds < wait < kustomize, commands
+
+
+def test_the_base_creates_policies_of_the_crds_it_installs() -> None:
+    kustomization = _load("manifests/base/kustomization.yaml")
+    resources = kustomization["resources"]
+    assert any(r.startswith("crds/") for r in resources)
+    kinds = {yaml.safe_load((BASE / r).read_text())["kind"] for r in resources if "policies/" in r}
+    assert kinds == {"GPUSharingPolicy"}  # so the instructions below must split the apply
+
+
+def test_the_readme_applies_the_crds_before_the_kustomization() -> None:
+    _crds_before_kustomize(_ordered_commands(_deploy_section()))
+
+
+def test_kind_up_applies_the_crds_before_the_kustomization() -> None:
+    script = (ROOT / "hack/kind-up.sh").read_text()
+    _crds_before_kustomize(_ordered_commands(script.replace('"$root/', "")))
+
+
+def test_the_readme_points_the_manifests_at_an_image_the_user_pushed() -> None:
+    # No image is published: the manifests' ghcr.io name pulls nothing on a real
+    # cluster's nodes (kind loads it by hand, the real node imports it).
+    section = _deploy_section()
+    assert "docker push" in section
+    assert "newName:" in section
+    assert "ghcr.io/headroom-dev/headroom" in section
+
+
+def test_the_webhook_network_policy_admits_the_apiserver_through_konnectivity() -> None:
+    documents = yaml.safe_load_all(
+        (ROOT / "manifests/components/networkpolicy/networkpolicies.yaml").read_text()
+    )
+    (policy,) = [d for d in documents if d["metadata"]["name"] == "headroom-webhook"]
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert "ipBlock" in peers[0]  # the README's patch path: /spec/ingress/0/from/0/ipBlock/cidr
+    konnectivity = [
+        p["podSelector"]["matchLabels"]
+        for p in peers
+        if p.get("namespaceSelector", {}).get("matchLabels")
+        == {"kubernetes.io/metadata.name": "kube-system"}
+    ]
+    # AKS labels its agents app=konnectivity-agent, GKE k8s-app=konnectivity-agent.
+    assert {"app": "konnectivity-agent"} in konnectivity
+    assert {"k8s-app": "konnectivity-agent"} in konnectivity
