@@ -32,7 +32,10 @@ memory the node agent measured above declarations. Here, per node:
 - ``NumPDBViolations`` is recounted over the final set as kube-scheduler does.
 
 A MIG preemptor keeps kube-scheduler's answer: MIG slices are whole extended
-resources kube-scheduler counts exactly.
+resources kube-scheduler counts exactly; one that also asks a shared slot is
+checked as a shared one. A preemptor the filter refuses everywhere (legacy, or
+with a problem) gets no node. Victims are answered most important first, as
+kube-scheduler reads them.
 """
 
 import asyncio
@@ -281,7 +284,15 @@ def _victims(
 ) -> list[str] | None:
     """The victims on ``node`` (kube-scheduler's first), or [] to drop the node;
     ``quick``: None where kube-scheduler's victims do not suffice alone."""
-    if not preemptor.shared or preemptor.mig or preemptor.legacy or preemptor.problem:
+    if preemptor.legacy or preemptor.problem:
+        # The filter refuses it on every node, victims or not (a legacy pod, one asking
+        # gpu.shared without headroom.dev/gpu-memory, is a resolvable refusal, so
+        # kube-scheduler does preempt for it): evicting any would be for nothing.
+        return []
+    if not preemptor.shared:
+        # MIG only: slices are whole resources kube-scheduler counts exactly. A pod
+        # asking a shared slot besides its slices is checked below (the filter's rule
+        # covers both).
         return given
     account = state.account(node)
     if account is None:
@@ -327,7 +338,33 @@ def _victims(
         chosen.discard(uid)
         if not frees(chosen):
             chosen.add(uid)
-    return given + [uid for uid in added if uid in chosen]
+    return _ordered(state, given, [uid for uid in added if uid in chosen])
+
+
+def _ordered(state: ClusterState, given: list[str], added: list[str]) -> list[str]:
+    """kube-scheduler's victims and the pods added, most important first.
+
+    kube-scheduler orders a node's victims so (``SelectVictimsOnNode``), and
+    ``pickOneNodeForPreemption`` reads the first as the node's highest-priority
+    victim: an added pod of higher priority left after them would make the node look
+    cheaper than it is. Its own victims keep their order (they are sorted already);
+    one this cache does not hold (no GPU pod) is taken to rank as the one before it,
+    the most it can, so no added pod goes ahead of it on a guess.
+    """
+    if not added:
+        return given
+    ranked: list[tuple[float, str]] = []
+    bound = float("inf")
+    for uid in given:
+        claim = state.pods.get(uid)
+        if claim is not None:
+            bound = min(bound, claim.priority)
+        ranked.append((bound, uid))
+    for uid in added:
+        claim = state.pods.get(uid)
+        ranked.append((claim.priority if claim is not None else float("-inf"), uid))
+    # Stable: kube-scheduler's victims stay ahead of added pods of equal priority.
+    return [uid for _, uid in sorted(ranked, key=lambda item: -item[0])]
 
 
 def _worth(state: ClusterState, uid: str, pdbs: list[Budget]) -> tuple[bool, int]:

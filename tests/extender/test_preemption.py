@@ -125,7 +125,8 @@ async def test_victims_freed_by_declaration_are_topped_up_by_measured_memory(
     status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(plain)]}))
     assert status == 200, result
     victims = result["NodeNameToMetaVictims"]["gpu-a"]
-    assert [p["UID"] for p in victims["Pods"]] == [uid_of(plain), uid_of(leaky)]
+    # Most important first, as kube-scheduler orders (and reads) a node's victims.
+    assert [p["UID"] for p in victims["Pods"]] == [uid_of(leaky), uid_of(plain)]
     assert victims["NumPDBViolations"] == 0
 
 
@@ -145,7 +146,8 @@ async def test_victims_spread_over_gpus_are_completed_so_every_gpu_fits(
     status, result = await post(h, "preempt", ask(preemptor(), {"gpu-a": [uid_of(pods[1])]}))
     assert status == 200, result
     chosen = [p["UID"] for p in result["NodeNameToMetaVictims"]["gpu-a"]["Pods"]]
-    assert chosen == [uid_of(pods[1]), uid_of(pods[2])]  # p1 given, p2 the lowest on GPU 1
+    # p1 given, p2 the lowest on GPU 1; most important first, as kube-scheduler reads them.
+    assert chosen == [uid_of(pods[2]), uid_of(pods[1])]
 
 
 async def test_a_node_no_victims_can_free_is_dropped_not_answered_empty(
