@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from headroom.names import MIG_PREFIX, mig_resource
+from headroom.names import MIG_PREFIX, is_time_sliced, mig_resource
 from headroom.quantity import MIB, format_bytes
 
 _NAME = re.compile(r"^(?P<slices>[1-9][0-9]*)g\.(?P<gb>[1-9][0-9]*)gb(?P<variant>[+-][a-z.]+)?$")
@@ -144,13 +144,21 @@ class MigOffer:
         for node in nodes:
             metadata = _mapping(node, "metadata")
             for resource, amount in _mapping(_mapping(node, "status"), "capacity").items():
+                # A time-sliced slice (``nvidia.com/mig-1g.10gb.shared``) is no profile
+                # to place a pod on: the pods sharing it share its memory.
+                if is_time_sliced(resource):
+                    continue
                 name = profile_from_resource(resource)
                 count = _whole(amount)
                 if name is not None and count:
                     instances[name] = instances.get(name, 0) + count
             for key, value in _mapping(metadata, "labels").items():
                 match = _LABEL.match(key)
-                name = profile_from_resource(MIG_PREFIX + match["resource"]) if match else None
+                name = (
+                    profile_from_resource(MIG_PREFIX + match["resource"])
+                    if match and not is_time_sliced(MIG_PREFIX + match["resource"])
+                    else None
+                )
                 mib = _whole(value)
                 if match and name and match["attr"] == "memory" and mib:
                     memory[name] = mib

@@ -171,3 +171,18 @@ def test_rule4_a_time_sliced_mig_slice_is_refused(policy: Any) -> None:
             'container "c0" asks for nvidia.com/mig-1g.10gb.shared, a time-sliced MIG slice'
         ), decision.message
         assert decision.message.endswith("or for the slice itself, nvidia.com/mig-1g.10gb")
+
+
+def test_rule4_never_places_a_pod_on_a_time_sliced_mig_slice_a_node_offers() -> None:
+    # A review's case: a node time-slices its 1g.10gb slices (the device plugin
+    # advertises nvidia.com/mig-1g.10gb.shared) and also offers 3g.40gb. The offer read
+    # the .shared resource as a profile of its own, "1g.10gb+shared", the smallest
+    # holding 8 GiB, and the webhook rewrote nvidia.com/gpu to the very time-sliced
+    # slice it refuses when a pod asks it directly (pods sharing it share its memory).
+    offer = MigOffer.from_nodes([node(**{"1g_10gb_shared": "28", "3g_40gb": "2"})])
+    pod = declaring("8Gi")
+    decision = run(pod, mig_policy(mig={}), offer=offer)
+    assert decision.allowed, decision.message
+    limits = container(patched(pod, decision))["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-3g.40gb": "1"}, limits
+    assert all(not name.endswith("+shared") for name in offer.profiles), offer.profiles
