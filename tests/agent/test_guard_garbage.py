@@ -65,3 +65,17 @@ def test_a_mig_device_holding_more_than_its_slice_is_no_proof() -> None:
 
 def test_a_pod_over_on_a_consistent_reading_is_still_evicted() -> None:
     assert ("evict", "a") in verdicts(reading({"a": 16 * GIB, "b": 4 * GIB}))
+
+
+def test_garbage_on_its_own_gpu_does_not_hide_a_gpu_kubelet_never_gave_it() -> None:
+    # kubelet gave pod a GPU 0, where NVML's figure for it is garbage (64 GiB of 40);
+    # a reads 4 GiB on GPU 1, which kubelet never gave it (NVIDIA_VISIBLE_DEVICES=all).
+    # Dropping the garbage figure must not drop what it says with it: GPU 0 is a's.
+    status = reading({"a": 64 * GIB}, used=64 * GIB)
+    status.gpus.append(
+        GPUUsage(
+            index=1, uuid="GPU-1", total_bytes=40 * GIB, used_bytes=4 * GIB,
+            free_bytes=36 * GIB, pods=[PodUsage(uid="a", used_bytes=4 * GIB, allocated=False)],
+        )
+    )  # fmt: skip
+    assert ("evict", "a") in verdicts(status)

@@ -111,3 +111,71 @@ def test_a_kubelet_restart_zeroing_the_capacity_is_no_cut() -> None:
     q = _created(gpu_pod("q", declared="9Gi"), clock)
     state.on_pod("ADDED", q)
     assert state.assume(state.parse(q), "gpu-a").fits
+
+
+def _joining(name: str, *, gpus: int, replicas: int) -> Object:
+    # A node as it joins: the device plugin has registered its replicas, GPU Feature
+    # Discovery (nfd-worker's next pass) has not labelled it yet.
+    node = gpu_node(name, gpus=gpus, replicas=replicas)
+    for key in list(node["metadata"]["labels"]):
+        if key.startswith("nvidia.com/"):
+            del node["metadata"]["labels"][key]
+    return node
+
+
+def test_a_joining_node_labelled_after_its_capacity_is_no_cut() -> None:
+    # The common order on a new (autoscaled) node: capacity 8 (2 GPUs x 4) before
+    # GFD's labels; "1 GPU assumed" reads 8 replicas on it, the labels then say 4 per
+    # GPU. Nothing was cut: the pods pending since before the node came must not turn
+    # its spread bound off for as long as they run.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", _joining("gpu-a", gpus=2, replicas=4))
+    clock.now += 30
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    clock.now += 60
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = gpu_pod("q", declared="9Gi")
+    state.on_pod("ADDED", q)
+    assert state.assume(state.parse(q), "gpu-a").fits
+
+
+def test_a_re_created_node_labelled_after_its_capacity_is_no_cut() -> None:
+    # kubelet re-registers a deleted Node: its capacity comes back before GFD's labels.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    clock.now += 60
+    state.on_node("DELETED", gpu_node("gpu-a", gpus=2, replicas=4))
+    state.on_node("ADDED", _joining("gpu-a", gpus=2, replicas=4))
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
+    q = _created(gpu_pod("q", declared="9Gi"), clock)
+    state.on_pod("ADDED", q)
+    assert state.assume(state.parse(q), "gpu-a").fits
+
+
+def test_a_gpu_count_label_ahead_of_the_capacity_is_no_cut() -> None:
+    # A GPU lost (fallen off the bus): GFD's count moves to 1 before the plugin
+    # re-registers, so capacity 8 over the 1 GPU "confirmed" reads 8 per GPU; then
+    # capacity 4 over 1 reads 4 again. No replica was cut.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    clock.now += 60
+    labelled = gpu_node("gpu-a", gpus=2, replicas=4)
+    labelled["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
+    state.on_node("MODIFIED", labelled)
+    state.on_node("MODIFIED", gpu_node("gpu-a", gpus=1, replicas=4))
+    assert "gpu-a" not in state._replicas_cut
