@@ -168,11 +168,10 @@ def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
         ]
         for place, pods, mig, total in places:
             for pod in pods:
-                if 0 < total < pod.used_bytes:
-                    continue
-                usage.setdefault(pod.uid, []).append(
-                    DeviceUse(place, pod.used_bytes, pod.allocated, mig)
-                )
+                # The figure proves nothing; kubelet's allocation beside it still says
+                # the device is the pod's (its use of devices it was not given is judged).
+                used = 0 if 0 < total < pod.used_bytes else pod.used_bytes
+                usage.setdefault(pod.uid, []).append(DeviceUse(place, used, pod.allocated, mig))
     return usage
 
 

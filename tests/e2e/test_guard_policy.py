@@ -117,9 +117,9 @@ def test_a_tenants_pdb_does_not_switch_the_guard_off(
     # and the edit role may write them: a tenant covers their pod with
     # maxUnavailable: 0 and then outgrows the declaration. The eviction is refused,
     # and the agent deletes the pod instead. With two budgets over the pod,
-    # kube-apiserver refuses every eviction with HTTP 201 and a Failure Status
-    # ("more than one PodDisruptionBudget"), which the Python client once read as
-    # an eviction done: the guard then never deleted.
+    # kube-apiserver refuses every eviction with a 500 ("more than one
+    # PodDisruptionBudget"), not a 429: the agent took it for an API error and
+    # retried the eviction for ever, never deleting.
     ns = namespace(EVICT)
     tenant_of(cluster, ns)
     hog = gpu_pod(ns, "hog", memory="4Gi", labels={"app": "hog"})
