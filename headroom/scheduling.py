@@ -11,7 +11,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from headroom import names
-from headroom.podspec import PodError, json_type, sequence, shown, string_map
+from headroom.podspec import PodError, json_type, mapping, sequence, shown, string_map
 from headroom.policy import GPUSharingPolicy
 
 
@@ -94,10 +94,22 @@ def _node_selector(
     notes: list[str],
 ) -> None:
     selector = dict(string_map(pod_spec, "nodeSelector", "spec.nodeSelector"))
+    terms = _required_terms(pod_spec)
     changed = False
     for key, value in policy.spec.node_selector.items():
         have = selector.get(key)
-        if have is None:
+        if have is None and terms and not any(_term_admits(term, key, value) for term in terms):
+            # Added beside a required node affinity that excludes it, the selector
+            # would leave the pod Pending on every node, with nothing said.
+            if policy.spec.node_selector_conflict == "deny":
+                raise SelectorConflict(
+                    f"{_REQUIRED} admits no node labelled {key}={value}, which policy "
+                    f"{policy.name} selects (nodeSelectorConflict: deny)"
+                )
+            notes.append(
+                f"kept required node affinity on {key}; policy {policy.name} wants {value}"
+            )
+        elif have is None:
             selector[key] = value
             changed = True
             changes.append(f"added nodeSelector {key}={value}")
@@ -112,6 +124,54 @@ def _node_selector(
             )
     if changed:
         pod_spec["nodeSelector"] = selector
+
+
+_REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _required_terms(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's required nodeSelectorTerms (ORed); empty when it requires none."""
+    affinity = mapping(pod_spec, "affinity", "spec.affinity")
+    node = mapping(affinity, "nodeAffinity", "spec.affinity.nodeAffinity")
+    required = mapping(node, "requiredDuringSchedulingIgnoredDuringExecution", _REQUIRED)
+    where = f"{_REQUIRED}.nodeSelectorTerms"
+    terms = sequence(required, "nodeSelectorTerms", where)
+    for index, term in enumerate(terms):
+        if not isinstance(term, dict):
+            raise PodError(f"{where}[{index}]: expected an object, got {json_type(term)}")
+        for index2, expression in enumerate(
+            sequence(term, "matchExpressions", f"{where}[{index}].matchExpressions")
+        ):
+            if not isinstance(expression, dict):
+                raise PodError(
+                    f"{where}[{index}].matchExpressions[{index2}]: expected an object, "
+                    f"got {json_type(expression)}"
+                )
+    return terms
+
+
+def _term_admits(term: Mapping[str, Any], key: str, value: str) -> bool:
+    """Whether a node labelled ``key=value`` may satisfy ``term``, as far as ``key`` goes
+    (kube-scheduler's nodeaffinity: the expressions of one term are ANDed)."""
+    for expression in term.get("matchExpressions") or []:
+        if expression.get("key") != key:
+            continue
+        operator = expression.get("operator")
+        values = expression.get("values") or []
+        if operator == "In" and value not in values:
+            return False
+        if operator == "NotIn" and value in values:
+            return False
+        if operator == "DoesNotExist":
+            return False
+        if operator in ("Gt", "Lt"):
+            try:
+                have, bound = int(value), int(values[0])
+            except (ValueError, TypeError, IndexError):
+                return False
+            if (have <= bound) if operator == "Gt" else (have >= bound):
+                return False
+    return True
 
 
 # The API server's defaults: a toleration that omits them is the same toleration.

@@ -181,3 +181,46 @@ def test_rule8_an_env_name_that_is_not_a_string_is_denied_naming_it() -> None:
     decision = run(pod, scheduling_policy(envHints=True))
     assert (decision.allowed, decision.outcome) == (False, "denied")
     assert decision.message == "spec.containers[0].env[0].name: expected a string, got array"
+
+
+def _requiring(pod: dict[str, Any], *terms: list[dict[str, Any]]) -> dict[str, Any]:
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": term} for term in terms]
+            }
+        }
+    }
+    return pod
+
+
+def test_rule6_a_selector_the_pods_required_affinity_excludes_is_not_added() -> None:
+    # Both required: a pod asking for mps nodes by affinity and given the time-slicing
+    # selector would stay Pending on every node, with nothing said.
+    key = "nvidia.com/gpu.sharing-strategy"
+    pod = _requiring(
+        gpu_pod({"nvidia.com/gpu": "1"}),
+        [{"key": key, "operator": "In", "values": ["mps"]}],
+        [{"key": key, "operator": "DoesNotExist"}],
+    )
+    decision = run(pod, scheduling_policy())
+    assert decision.allowed
+    assert "nodeSelector" not in patched(pod, decision)["spec"]
+    assert (
+        f"headroom: kept required node affinity on {key}; policy gpu-shared wants time-slicing"
+    ) in decision.warnings
+    denied = run(pod, scheduling_policy(nodeSelectorConflict="deny"))
+    assert not denied.allowed
+    assert "requiredDuringSchedulingIgnoredDuringExecution admits no node" in denied.message
+
+
+def test_rule6_a_selector_some_required_term_admits_is_added() -> None:
+    key = "nvidia.com/gpu.sharing-strategy"
+    pod = _requiring(
+        gpu_pod({"nvidia.com/gpu": "1"}),
+        [{"key": key, "operator": "NotIn", "values": ["time-slicing"]}],
+        [{"key": key, "operator": "In", "values": ["mps", "time-slicing"]}],
+        [{"key": "zone", "operator": "Exists"}],
+    )
+    result = patched(pod, run(pod, scheduling_policy(nodeSelectorConflict="deny")))
+    assert result["spec"]["nodeSelector"] == TIME_SLICING
