@@ -192,6 +192,9 @@ class Rewrite:
             return  # only such containers: nothing to place, schedule or annotate
         placed = [self._place(request, policy, declared) for request in self.requests]
         for item in placed:
+            if item.kind != "shared" and declared_memory(item.request.container) is not None:
+                _stray_memory(item, policy.name)
+        for item in placed:
             self._set_resource(item)
             if item.kind == "shared" and item.memory is not None:
                 self._set_memory(item)
@@ -347,6 +350,28 @@ class Rewrite:
             annotations = metadata["annotations"] = {}
         annotations.update(wanted)
         self.annotations = wanted
+
+
+def _stray_memory(item: Placed, policy: str) -> None:
+    """Raise Denied: the container declares the memory resource, yet gets no shared GPU.
+
+    ``headroom.dev/gpu-memory`` goes with ``nvidia.com/gpu.shared`` only: beside a MIG
+    slice or whole GPUs it takes node capacity no slot backs, and the admission policy
+    ``headroom-shared-gpu-pods`` would refuse the rewritten pod, telling the tenant to
+    ask for ``nvidia.com/gpu: 1`` -- which is what they did.
+    """
+    count = item.request.count
+    given = (
+        f"a MIG slice ({item.resource})"
+        if item.kind == "mig"
+        else f"{count} whole GPU{'s' if count > 1 else ''} ({item.resource})"
+    )
+    where = f"{item.request.container.where}.resources.limits[{names.GPU_MEMORY}]"
+    raise Denied(
+        f"{item.label} declares {where}, which goes with {names.GPU_SHARED} only, and "
+        f"policy {policy} gives it {given}: drop the resource (declare the memory "
+        f"with annotation {names.ANNOTATION_GPU_MEMORY} to size a MIG slice)"
+    )
 
 
 def _label(container: Container) -> str:

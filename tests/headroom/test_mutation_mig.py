@@ -186,3 +186,30 @@ def test_rule4_never_places_a_pod_on_a_time_sliced_mig_slice_a_node_offers() -> 
     limits = container(patched(pod, decision))["resources"]["limits"]
     assert limits == {"nvidia.com/mig-3g.40gb": "1"}, limits
     assert all(not name.endswith("+shared") for name in offer.profiles), offer.profiles
+
+
+@pytest.mark.parametrize(
+    ("policy", "limits", "given"),
+    [
+        (mig_policy(), {"nvidia.com/gpu": "1"}, "a MIG slice (nvidia.com/mig-3g.20gb)"),
+        (mig_policy(), {"nvidia.com/gpu": "2"}, "2 whole GPUs (nvidia.com/gpu)"),
+        (make_policy("p", defaultMemory="4Gi"), {"nvidia.com/gpu": "2"}, "2 whole GPUs"),
+        (make_policy("p", mode="exclusive"), {"nvidia.com/gpu": "1"}, "1 whole GPU ("),
+        (make_policy("p", defaultMemory="4Gi"), {"nvidia.com/mig-1g.5gb": "1"}, "a MIG slice"),
+    ],
+)
+def test_declared_memory_resource_on_a_container_not_given_a_shared_gpu_is_denied(
+    policy: Any, limits: dict[str, str], given: str
+) -> None:
+    # headroom.dev/gpu-memory goes with nvidia.com/gpu.shared only: beside a MIG slice
+    # or whole GPUs it takes node capacity no slot backs, and the admission policy
+    # headroom-shared-gpu-pods refuses the rewritten pod telling the tenant to "ask
+    # for nvidia.com/gpu: 1 in a namespace labelled headroom.dev/policy" -- as it did.
+    resources = {**limits, "headroom.dev/gpu-memory": "10Gi"}
+    pod = gpu_pod(resources)
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(resources)
+    decision = run(pod, policy)
+    assert not decision.allowed
+    assert decision.patch == []
+    assert "spec.containers[0].resources.limits[headroom.dev/gpu-memory]" in decision.message
+    assert given in decision.message
