@@ -79,6 +79,13 @@ below this a pod takes under ~4 ms on the loop, less than a thread hand-off
 plus the GIL switches it causes (5 ms interval) would save other requests."""
 
 
+LARGE_POD_BYTES = 64 * 1024
+"""From this size of AdmissionReview a pod is decided off the event loop, whatever
+its container count: decide() costs about 60 us a KiB of pod (a one-container pod
+with 2 MiB of env: ~0.15 s), so a pod of few containers but long env lists,
+arguments or annotations would hold the loop as long as thousands of containers."""
+
+
 class OffLoop:
     """One worker thread for large pods.
 

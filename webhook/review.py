@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -36,8 +36,9 @@ class GroupVersionResource(_Wire):
 
 class UserInfo(_Wire):
     username: str = ""
-    extra: dict[str, list[str]] = Field(default_factory=dict)
-    """Token claims such as ``authentication.kubernetes.io/node-name``."""
+    extra: dict[str, list[str] | None] = Field(default_factory=dict)
+    """Token claims such as ``authentication.kubernetes.io/node-name``; a value is null
+    where the authenticator gave the key a nil slice."""
 
 
 class AdmissionRequest(_Wire):
@@ -53,6 +54,12 @@ class AdmissionRequest(_Wire):
     object: dict[str, Any] | None = None
     dry_run: bool = Field(default=False, alias="dryRun")
     user_info: UserInfo = Field(default_factory=UserInfo, alias="userInfo")
+    _body_bytes: int = PrivateAttr(default=0)
+
+    @property
+    def body_bytes(self) -> int:
+        """Size of the AdmissionReview it came in (0 when not parsed from one)."""
+        return self._body_bytes
 
     def is_pod(self) -> bool:
         return (
@@ -175,6 +182,7 @@ def parse_request(body: bytes) -> AdmissionRequest:
         raise ReviewError(_describe(err), _readable_uid(body)) from None
     if review.request is None:
         raise ReviewError("request: field required")
+    review.request._body_bytes = len(body)
     return review.request
 
 

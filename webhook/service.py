@@ -16,7 +16,14 @@ from webhook.admission import Admission
 from webhook.cache import ClusterCache
 from webhook.certificate import Certificate
 from webhook.eviction import DEFAULT_AGENT_USER, api_pod_node, eviction_reviewer
-from webhook.limits import LARGE_POD_CONTAINERS, InFlight, Limits, OffLoop, container_count
+from webhook.limits import (
+    LARGE_POD_BYTES,
+    LARGE_POD_CONTAINERS,
+    InFlight,
+    Limits,
+    OffLoop,
+    container_count,
+)
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, AdmissionResponse, Verdict
 from webhook.server import Reviewer, create_app
@@ -55,7 +62,8 @@ API_CONNECTIONS = 16
 def reviewer(
     cache: ClusterCache, admission: Admission, off_loop: OffLoop | None = None
 ) -> Reviewer:
-    """``off_loop``: where pods of LARGE_POD_CONTAINERS or more are decided."""
+    """``off_loop``: where pods of LARGE_POD_CONTAINERS or more, or in a review of
+    LARGE_POD_BYTES or more, are decided."""
 
     async def review(request: AdmissionRequest) -> Verdict:
         try:
@@ -64,7 +72,10 @@ def reviewer(
             # Deny: the ReplicaSet controller retries, and a pod is never let
             # through unmutated because of a watch that lags.
             return Verdict(AdmissionResponse.deny(request.uid, 503, str(err)), "error")
-        if off_loop is not None and container_count(request.object) >= LARGE_POD_CONTAINERS:
+        if off_loop is not None and (
+            request.body_bytes >= LARGE_POD_BYTES
+            or container_count(request.object) >= LARGE_POD_CONTAINERS
+        ):
             # The offer is read here, on the loop whose node events change it.
             offer = cache.mig_offer()
             return await off_loop.run(admission.review_with, request, labels, offer)

@@ -96,3 +96,13 @@ def test_a_lone_surrogate_in_a_patch_value_still_encodes() -> None:
     ops = [{"op": "add", "path": "/metadata/annotations/x", "value": "\ud800"}]
     body = json.loads(response_body(AdmissionResponse.allow("u-4", ops)))
     assert json.loads(base64.b64decode(body["response"]["patch"])) == ops
+
+
+def test_a_null_user_extra_value_is_read_as_none() -> None:
+    # authenticationv1.ExtraValue is a Go []string: an authenticator (a token webhook's
+    # TokenReview) that gives a key a nil slice reaches the review as null; the pod
+    # must not be refused for who created it.
+    review = review_json("pod-cuda-vectoradd")
+    review["request"]["userInfo"]["extra"] = {"example.com/claim": None, "scopes": ["a"]}
+    request = parse_request(json.dumps(review).encode())
+    assert request.user_info.extra == {"example.com/claim": None, "scopes": ["a"]}
