@@ -31,6 +31,10 @@ Handler = Callable[[str, Object], None]
 """Called on the event loop with ``ADDED``/``MODIFIED``/``DELETED`` and the object."""
 
 WATCH_WINDOW_SECONDS = 240
+WATCH_IDLE_SECONDS = 90.0
+"""A watch that says nothing this long is dead (an apiserver gone without a FIN or RST):
+the apiserver's watch cache sends a bookmark about every minute to a watch that allows
+them. It fails like any broken watch (blind, re-listed), not after the whole window."""
 BACKOFF_MAX_SECONDS = 30.0
 PAGE_SIZE = 500
 """The most objects per list request, as client-go's reflector pages its lists."""
@@ -258,9 +262,7 @@ class Informer:
     def _listed(self, seen: set[str]) -> None:
         """The list is complete: objects it did not show are gone."""
         for key in self.uids.keys() - seen:
-            old = self._pop(key)
-            if self._handler:
-                self._handler("DELETED", old)
+            self._delete(key)
         if self._on_resync:
             self._on_resync()
         self.synced.set()
@@ -268,10 +270,14 @@ class Informer:
     def _apply(self, kind: str, obj: Object) -> None:
         key = object_key(obj)
         if kind == "DELETED":
+            # Forgotten only once handled: a handler that raises makes the informer
+            # re-list, and that re-list replays a DELETED for a key it still knows.
+            if self._handler:
+                self._handler(kind, obj)
             self._pop(key)
-        else:
-            kind = "ADDED" if self._replaced(key, obj) == "ADDED" else kind
-            self._put(key, obj)
+            return
+        kind = "ADDED" if self._replaced(key, obj) == "ADDED" else kind
+        self._put(key, obj)
         if self._handler:
             self._handler(kind, obj)
 
@@ -286,9 +292,7 @@ class Informer:
         if uid is None:
             return "ADDED"
         if uid != _uid(obj):
-            old = self._pop(key)
-            if self._handler:
-                self._handler("DELETED", old)
+            self._delete(key)
             return "ADDED"
         return "MODIFIED"
 
@@ -297,10 +301,24 @@ class Informer:
         if self._store:
             self.items[key] = self._keep(obj)
 
+    def _delete(self, key: str) -> None:
+        """Hand a ``DELETED`` for what ``key`` holds to the handler, then forget it: if
+        the handler raises, the key stays, and the re-list that follows replays it."""
+        if self._handler:
+            self._handler("DELETED", self._held(key))
+        self._pop(key)
+
     def _pop(self, key: str) -> Object:
         """Forget ``key``; what it held, or the stub of its name and UID."""
-        uid = self.uids.pop(key, "")
-        old = self.items.pop(key, None)
+        old = self._held(key)
+        self.uids.pop(key, None)
+        self.items.pop(key, None)
+        return old
+
+    def _held(self, key: str) -> Object:
+        """What ``key`` holds, or the stub of its name and UID."""
+        uid = self.uids.get(key, "")
+        old = self.items.get(key)
         if old is not None:
             return old
         namespace, _, name = key.rpartition("/")
@@ -345,9 +363,10 @@ class Resource:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_WINDOW_SECONDS),
         }
-        # The server ends the window; a connection that goes quiet for longer is dead.
+        # The server ends the window, and sends bookmarks within it: a connection that
+        # goes quiet for longer than they come is dead.
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=LIST_TIMEOUT_SECONDS, sock_read=WATCH_WINDOW_SECONDS + 30
+            total=None, sock_connect=LIST_TIMEOUT_SECONDS, sock_read=WATCH_IDLE_SECONDS
         )
         async with self.rest.session.get(
             self.rest.base + self.path,
