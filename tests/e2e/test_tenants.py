@@ -196,7 +196,8 @@ def test_gpu_memory_without_a_shared_slot_is_refused(
     assert code != 0, out
     assert f'container "main" {rule}' in out, out
 
-    # Beside a MIG slice: the webhook declares memory for shared slots only.
+    # Beside a MIG slice: the webhook declares memory for shared slots only, and
+    # refuses the resource first, naming the field (the admission policy would too).
     mig_ns = namespace("gpu-mig")
     tenant_of(cluster, mig_ns)
     slice_pod = shared_pod(mig_ns, "slice")
@@ -206,7 +207,10 @@ def test_gpu_memory_without_a_shared_slot_is_refused(
     }
     code, out = create(cluster, slice_pod, f"--as={TENANT}")
     assert code != 0, out
-    assert rule in out, out
+    assert (
+        f"spec.containers[0].resources.limits[{names.GPU_MEMORY}], which goes with "
+        f"{names.GPU_SHARED} only" in out
+    ), out
 
     # A namespace an admin exempted is left alone, as for every shared-GPU rule.
     exempt = namespace("gpu-shared")
