@@ -8,11 +8,14 @@ list of webhooks.
 """
 
 import base64
+import binascii
+import datetime
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -76,8 +79,42 @@ def has_ca_bundle(configuration: dict[str, Any], ca_pem: bytes) -> bool:
     )
 
 
-def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> Injection:
-    """Patch the caBundle in, unless it is there already."""
+def bundle_keeping(configuration: dict[str, Any], ca_pem: bytes, now: datetime.datetime) -> bytes:
+    """``ca_pem`` followed by every other CA the webhooks already trust, while valid.
+
+    For a CA rotation: the webhook serves its old certificate until the kubelet
+    updates its mounted Secret (a minute or two), so the old CA must stay trusted
+    until then; the new one must be trusted before a certificate it signed can land.
+    """
+    current = {c.fingerprint(hashes.SHA256()) for c in x509.load_pem_x509_certificates(ca_pem)}
+    kept: list[bytes] = []
+    for webhook in configuration.get("webhooks") or []:
+        encoded = (webhook.get("clientConfig") or {}).get("caBundle")
+        try:
+            certificates = x509.load_pem_x509_certificates(base64.b64decode(encoded or ""))
+        except (ValueError, binascii.Error):
+            continue  # nothing the apiserver could have trusted either
+        for certificate in certificates:
+            fingerprint = certificate.fingerprint(hashes.SHA256())
+            if (
+                fingerprint not in current
+                and is_ca(certificate)
+                and certificate.not_valid_after_utc > now
+            ):
+                current.add(fingerprint)
+                kept.append(certificate.public_bytes(serialization.Encoding.PEM))
+    return ca_pem + b"".join(kept)
+
+
+def inject_ca_bundle(
+    api: client.ApiClient,
+    webhook: str,
+    ca_pem: bytes,
+    *,
+    keep_others_at: datetime.datetime | None = None,
+) -> Injection:
+    """Patch the caBundle in, unless it is there already. With ``keep_others_at``, the
+    CAs already in the bundle (and valid then) stay after ``ca_pem`` (:func:`bundle_keeping`)."""
     admission = client.AdmissionregistrationV1Api(api)
     for _ in range(ATTEMPTS):
         try:
@@ -93,8 +130,11 @@ def inject_ca_bundle(api: client.ApiClient, webhook: str, ca_pem: bytes) -> Inje
                 ) from err
             raise InjectError(f"reading MutatingWebhookConfiguration {webhook}: {err}") from err
         configuration = json.loads(response.data)
-        ops = ca_bundle_patch(configuration, ca_pem)  # validates even when nothing changes
-        if has_ca_bundle(configuration, ca_pem):
+        bundle = ca_pem
+        if keep_others_at is not None:
+            bundle = bundle_keeping(configuration, ca_pem, keep_others_at)
+        ops = ca_bundle_patch(configuration, bundle)  # validates even when nothing changes
+        if has_ca_bundle(configuration, bundle):
             return Injection(len(configuration["webhooks"]), patched=False)
         try:
             admission.patch_mutating_webhook_configuration(

@@ -13,10 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import IPAddress, Issuer, ca_common_name, cert_pem, service_names
+from certs.generate import (
+    CLOCK_SKEW,
+    TLS_CERT,
+    IPAddress,
+    Issuer,
+    ca_common_name,
+    cert_pem,
+    service_names,
+)
 from certs.inject import inject_ca_bundle
 from certs.secrets import (
     CA_TYPE,
@@ -33,6 +42,10 @@ from certs.secrets import (
 )
 
 ATTEMPTS = 5
+SETTLE = datetime.timedelta(minutes=10)
+"""How long after a serving certificate is written before every webhook pod has it
+(the kubelet updates a mounted Secret within a minute or two): until then, the CAs
+that signed the certificates it replaced stay in the caBundle."""
 LABELS = {"app.kubernetes.io/part-of": "headroom", "app.kubernetes.io/managed-by": "headroom-certs"}
 
 Report = Callable[[str], None]
@@ -153,16 +166,17 @@ def ensure_ca(
 
 def ensure_serving(
     store: SecretStore, request: Request, issuer: Issuer, now: datetime.datetime, report: Report
-) -> bool:
-    """(Re)issue the serving Secret if :func:`check_serving` says so; True if written."""
+) -> tuple[bool, x509.Certificate]:
+    """(Re)issue the serving Secret if :func:`check_serving` says so; whether it was
+    written, and the certificate it holds now."""
     name, spec = request.secret, request.spec()
     for _ in range(ATTEMPTS):
         current = store.get(name)
         verdict = check_serving(current, issuer, spec, now)
         ref = current.ref if current else f"Secret {store.namespace}/{name}"
-        if not verdict.reissue:
+        if not verdict.reissue and current is not None:
             report(f"{ref}: kept ({verdict.reason})")
-            return False
+            return False, x509.load_pem_x509_certificate(current.data[TLS_CERT])
         certificate, data = issue_serving(issuer, spec, now)
         body = secret_body(store.namespace, name, TLS_TYPE, data, current=current, labels=LABELS)
         written = store.create(body) if current is None else store.update(body)
@@ -171,7 +185,7 @@ def ensure_serving(
                 f"{ref}: {'created' if current is None else 'reissued'} ({verdict.reason}; "
                 f"new certificate valid until {certificate.not_valid_after_utc:%Y-%m-%d}Z)"
             )
-            return True
+            return True, certificate
     raise SecretApiError(f"Secret {store.namespace}/{name} kept changing; try again")
 
 
@@ -182,25 +196,39 @@ def reconcile(
     now: datetime.datetime | None = None,
     report: Report = print,
 ) -> Outcome:
-    """CA Secret, then serving Secret, then (with ``request.webhook``) the caBundle.
+    """CA Secret, then (with ``request.webhook``) the caBundle, then serving Secret.
 
-    The caBundle goes last: it changes only when the CA does (first run, or a CA
-    deliberately deleted), and then the serving Secret is already signed by it.
+    The caBundle trusts a new CA before any certificate it signs is written, and
+    keeps trusting the CAs already in it until the serving certificate has been
+    in its Secret for :data:`SETTLE` (a webhook pod serves the old one until the
+    kubelet updates its mount): a CA rotation -- the CA Secret deleted -- never
+    leaves the apiserver distrusting what the webhook serves, even when the run
+    dies between two writes. The bundle changes only with the CA.
     """
     now = now or datetime.datetime.now(datetime.UTC)
     store = SecretStore(api, request.namespace)
     issuer, ca_created = ensure_ca(store, request, now, report)
-    serving_issued = ensure_serving(store, request, issuer, now, report)
+    ca_pem = cert_pem(issuer.certificate)
     patched = False
     if request.webhook:
-        injection = inject_ca_bundle(api, request.webhook, cert_pem(issuer.certificate))
+        injection = inject_ca_bundle(api, request.webhook, ca_pem, keep_others_at=now)
         patched = injection.patched
-        done = "set" if patched else "kept (already the CA)"
-        report(
-            f"MutatingWebhookConfiguration {request.webhook}: caBundle {done} "
-            f"on {injection.webhooks} webhook(s)"
-        )
+        _report_bundle(report, request.webhook, injection, "set" if patched else "kept")
+    serving_issued, serving = ensure_serving(store, request, issuer, now, report)
+    if request.webhook and now - serving.not_valid_before_utc >= CLOCK_SKEW + SETTLE:
+        # Every pod has the certificate signed by the current CA: the others go.
+        injection = inject_ca_bundle(api, request.webhook, ca_pem)
+        if injection.patched:
+            patched = True
+            _report_bundle(report, request.webhook, injection, "set to the current CA only")
     return Outcome(ca_created, serving_issued, patched)
+
+
+def _report_bundle(report: Report, webhook: str, injection: Any, done: str) -> None:
+    report(
+        f"MutatingWebhookConfiguration {webhook}: caBundle {done} "
+        f"on {injection.webhooks} webhook(s)"
+    )
 
 
 __all__ = ["Outcome", "Request", "SecretApiError", "SecretError", "SecretStore", "reconcile"]

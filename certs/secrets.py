@@ -116,8 +116,8 @@ def load_ca(
         # Rotating the CA changes the caBundle: a deliberate act, not a cron job's.
         raise SecretError(
             f"{secret.ref}: {CA_CERT} expires {expires:%Y-%m-%d %H:%M}Z, within the renewal "
-            f"window; delete the Secret to issue a new CA (admission fails until the "
-            f"webhook has the new serving certificate)"
+            f"window; delete the Secret to issue a new CA (the caBundle keeps the old CA "
+            f"until the webhook has the new serving certificate)"
         )
     return Issuer(certificate, key)
 

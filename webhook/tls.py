@@ -10,8 +10,9 @@ A new pair is committed only when it loads as a matching cert and key and the
 files did not change while loading: a half-written rotation (new cert, old
 key) is retried on the next tick, and the old certificate stays in service.
 A pair that loads but is expired, not yet valid, or does not name the
-Service's DNS names is refused the same way (logged once per change); the
-webhook goes not-ready only when the pair in service itself is invalid.
+Service's DNS names is refused the same way (logged once per change; one not
+yet valid here -- issued on a node whose clock runs ahead -- is retried once it
+is); the webhook goes not-ready only when the pair in service itself is invalid.
 """
 
 import asyncio
@@ -105,6 +106,8 @@ class ReloadingContext:
         self.expected_dns = expected_dns
         self._clock = clock
         self._refused: Signature | None = None
+        self._refused_until: datetime.datetime | None = None
+        """For a pair refused as not yet valid: when it becomes valid (then retried)."""
         self._warned_serial: int | None = None
         signature = self._signature()
         self.context = server_context(self.cert_file, self.key_file)
@@ -145,7 +148,11 @@ class ReloadingContext:
     def reload_if_changed(self) -> bool:
         """Load the files if they changed since the last good load; True if a new pair is live."""
         before = self._signature()
-        if before in (self._signature_loaded, self._refused):
+        if before == self._signature_loaded:
+            return False
+        if before == self._refused and (
+            self._refused_until is None or self._clock() < self._refused_until
+        ):
             return False
         try:
             fresh = server_context(self.cert_file, self.key_file)
@@ -158,8 +165,11 @@ class ReloadingContext:
             return False  # changed while loading: the next tick loads the settled files
         problem = certificate_problem(certificate, self.expected_dns, self._clock())
         if problem is not None:
-            # Complete but wrong: refused until the files change again.
+            # Complete but wrong: refused until the files change again -- or, for a
+            # pair issued on a node whose clock runs ahead, until it becomes valid.
             self._refused = before
+            early = self._clock() < certificate.not_valid_before_utc
+            self._refused_until = certificate.not_valid_before_utc if early else None
             log.error("new certificate not loaded, the old one stays in service: %s", problem)
             self._notify(False, None)
             return False

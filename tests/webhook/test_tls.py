@@ -135,3 +135,22 @@ def test_two_weeks_before_expiry_a_warning_is_logged_once(
     assert tls.problem() is None
     warnings = [r for r in caplog.records if "rotate it" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_a_rotation_not_yet_valid_here_is_loaded_once_the_clock_reaches_it(
+    tmp_path: Path,
+) -> None:
+    # The Job ran on a node whose clock is 10 minutes ahead: the new certificate's
+    # notBefore (its now - 5 min) lies 5 minutes in this node's future. Refusing it
+    # is right; refusing it until the files change again (a year: the CronJob keeps
+    # a valid certificate) leaves the old one in service until it expires.
+    first = make_certs(tmp_path)
+    now = [datetime.datetime.now(datetime.UTC)]
+    tls = ReloadingContext(tmp_path, expected_dns=SERVICE_DNS, clock=lambda: now[0])
+    ahead = now[0] + datetime.timedelta(minutes=10)
+    second = generate(tmp_path, service="headroom-webhook", namespace="headroom", now=ahead)
+    assert not tls.reload_if_changed()
+    assert tls.certificate.serial_number == first.serial_number
+    now[0] += datetime.timedelta(minutes=6)
+    assert tls.reload_if_changed()
+    assert tls.certificate.serial_number == second.serial_number
