@@ -30,11 +30,16 @@ ListFunc = Callable[..., Any]
 Handler = Callable[[str, Object], None]
 """Called on the event loop with ``ADDED``/``MODIFIED``/``DELETED`` and the object."""
 
-WATCH_WINDOW_SECONDS = 240
-WATCH_IDLE_SECONDS = 90.0
-"""A watch that says nothing this long is dead (an apiserver gone without a FIN or RST):
-the apiserver's watch cache sends a bookmark about every minute to a watch that allows
-them. It fails like any broken watch (blind, re-listed), not after the whole window."""
+WATCH_WINDOW_SECONDS = 60
+"""The ``timeoutSeconds`` of a watch: the apiserver ends it then, and it resumes from
+the last version seen, without a re-list."""
+WATCH_IDLE_SECONDS = WATCH_WINDOW_SECONDS + 30.0
+"""A watch that says nothing this long is dead (an apiserver gone without a FIN or RST).
+Not a bookmark period: kube-apiserver's watch cache withholds bookmarks until its
+version passes the one the watch started from, and on a resource nobody writes that
+took 120 s (kube-apiserver 1.34.4), so a live watch may be silent for all its window.
+Past the window, though, the apiserver has closed it. A dead one fails like any
+broken watch (blind, re-listed)."""
 BACKOFF_MAX_SECONDS = 30.0
 PAGE_SIZE = 500
 """The most objects per list request, as client-go's reflector pages its lists."""
@@ -363,8 +368,7 @@ class Resource:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_WINDOW_SECONDS),
         }
-        # The server ends the window, and sends bookmarks within it: a connection that
-        # goes quiet for longer than they come is dead.
+        # The server ends the window: a connection quiet for longer than that is dead.
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=LIST_TIMEOUT_SECONDS, sock_read=WATCH_IDLE_SECONDS
         )
