@@ -142,11 +142,14 @@ def _required_terms(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         for index2, expression in enumerate(
             sequence(term, "matchExpressions", f"{where}[{index}].matchExpressions")
         ):
+            at = f"{where}[{index}].matchExpressions[{index2}]"
             if not isinstance(expression, dict):
-                raise PodError(
-                    f"{where}[{index}].matchExpressions[{index2}]: expected an object, "
-                    f"got {json_type(expression)}"
-                )
+                raise PodError(f"{at}: expected an object, got {json_type(expression)}")
+            for index3, item in enumerate(sequence(expression, "values", f"{at}.values")):
+                if not isinstance(item, str):
+                    raise PodError(
+                        f"{at}.values[{index3}]: expected a string, got {json_type(item)}"
+                    )
     return terms
 
 

@@ -224,3 +224,20 @@ def test_rule6_a_selector_some_required_term_admits_is_added() -> None:
     )
     result = patched(pod, run(pod, scheduling_policy(nodeSelectorConflict="deny")))
     assert result["spec"]["nodeSelector"] == TIME_SLICING
+
+
+def test_rule6_required_affinity_values_that_are_not_an_array_are_denied_naming_them() -> None:
+    # decide() promises a denial naming the field for any shape, never an exception
+    # (the webhook answers one with "internal error", code 500). _term_admits read
+    # ``values`` as given: a number raised TypeError, a string was searched as text.
+    key = "nvidia.com/gpu.sharing-strategy"
+    for values, got in ((5, "number"), ("time-slicing", "string"), ({"a": "b"}, "object")):
+        pod = _requiring(
+            gpu_pod({"nvidia.com/gpu": "1"}), [{"key": key, "operator": "In", "values": values}]
+        )
+        decision = run(pod, scheduling_policy())
+        assert (decision.allowed, decision.outcome) == (False, "denied"), values
+        assert decision.message == (
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            f".nodeSelectorTerms[0].matchExpressions[0].values: expected an array, got {got}"
+        )
