@@ -10,14 +10,11 @@ restarted since (the same rollout) charged nothing of what was held there.
 """
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from agent.client import ReportWriter
 from agent.guard import Guard
@@ -27,6 +24,7 @@ from agent.service import Agent, stored_report
 from headroom.quantity import GIB
 from headroom.reports import GPUUsage, PodUsage, ReportStatus, report_object
 from tests.agent.doubles import ActionsDouble, Clock, WriterDouble
+from tests.agent.standin_api import StandIn, serving, status
 
 NODE = "gpu-node-1"
 
@@ -127,54 +125,23 @@ async def test_another_nodes_report_is_never_carried() -> None:
     assert (await agent.tick()).gpus == []
 
 
-class Server:
-    """kube-apiserver's GET of one GPUNodeReport."""
-
-    def __init__(self, stored: dict[str, Any] | None) -> None:
-        self.stored = stored
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if outer.stored is None:
-                    code, body = 404, {"kind": "Status", "status": "Failure", "code": 404}
-                else:
-                    code, body = 200, outer.stored
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-
 @pytest.fixture
-def server() -> Iterator[Server]:
+def server() -> Iterator[StandIn]:
+    """kube-apiserver with the report stored before the restart."""
     obj: dict[str, Any] = json.loads(json.dumps(report_object(stored())))
     obj["metadata"]["resourceVersion"] = "42"
-    s = Server(obj)
-    threading.Thread(target=s.httpd.serve_forever, daemon=True).start()
-    try:
-        yield s
-    finally:
-        s.httpd.shutdown()
-        s.httpd.server_close()
+    yield from serving(lambda method, path: (200, obj))
 
 
-def test_the_stored_report_is_read_at_start(server: Server) -> None:
-    writer = ReportWriter(client.ApiClient(client.Configuration(host=server.url)))
+def test_the_stored_report_is_read_at_start(server: StandIn) -> None:
+    writer = ReportWriter(server.api())
     report = stored_report(writer, NODE)
     assert report is not None
     assert report.gpus[0].unattributed_bytes == 20 * GIB
-    server.stored = None
+    server.answer = lambda method, path: (404, status(404, "not found", reason="NotFound"))
     assert stored_report(writer, NODE) is None
-    server.stored = {"metadata": {"name": NODE}, "status": {"gpus": "garbage"}}
+    garbage = {"metadata": {"name": NODE}, "status": {"gpus": "garbage"}}
+    server.answer = lambda method, path: (200, garbage)
     assert stored_report(writer, NODE) is None  # unreadable: start empty, never fail
 
 

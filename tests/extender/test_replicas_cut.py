@@ -14,18 +14,30 @@ from tests.extender.conftest import MARGIN, Clock
 from tests.extender.objects import GIB, Object, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 
 
+def _state(node: Object) -> tuple[ClusterState, Clock]:
+    """The extender's state with ``node`` known, on a clock the test moves."""
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", node)
+    return state, clock
+
+
+def _running(state: ClusterState, count: int) -> list[Object]:
+    """``count`` pods of 9 GiB running on gpu-a, created before the test's moves."""
+    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(count)]
+    for pod in pods:
+        state.on_pod("ADDED", pod)
+    return pods
+
+
 def test_a_gpu_whose_pods_hold_replicas_cut_away_still_takes_new_pods() -> None:
     # Two 40 GiB GPUs, 8 replicas each. Four 9 GiB pods run on GPU 0 (36 GiB),
     # located by the agent; GPU 1 is empty. The replicas are cut to 4. The spread
     # bound reads GPU 0 as 4 allocated against GPU 1's 0 and says q (9 GiB) cannot
     # land on GPU 0; the plugin, which lists only ::0..::3, sees GPU 0 at 0 in use
     # (its pods hold ::4..::7) and may give q GPU 0: 45 GiB on 40.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=8))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=8))
+    pods = _running(state, 4)
     usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
     state.on_report("ADDED", gpu_report("gpu-a", usage))
     clock.now += 60
@@ -41,9 +53,7 @@ def test_a_gpu_whose_pods_hold_replicas_cut_away_still_takes_new_pods() -> None:
 def test_once_the_pods_from_before_the_cut_are_gone_the_bound_counts_again() -> None:
     # Packing is not lost for good: pods created after the cut were given replicas the
     # plugin lists, and with those alone on GPU 0 it holds 4 of 4, so q goes to GPU 1.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=8))
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=8))
     old = gpu_pod("old", node="gpu-a", declared="9Gi", phase="Running")
     state.on_pod("ADDED", old)
     clock.now += 60
@@ -69,12 +79,8 @@ def test_once_the_pods_from_before_the_cut_are_gone_the_bound_counts_again() -> 
 def test_without_a_cut_a_full_gpu_still_takes_no_new_pod() -> None:
     # The same pods under 4 replicas from the start: GPU 0 holds 4 of 4, the plugin
     # can only give q GPU 1, and the bound lets q onto the node (no packing lost).
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = _running(state, 4)
     usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
     clock.now += 60
     state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
@@ -95,12 +101,8 @@ def _created(pod: Object, clock: Clock) -> Object:
 def test_a_kubelet_restart_zeroing_the_capacity_is_no_cut() -> None:
     # kubelet reports nvidia.com/gpu.shared as 0 until the plugin registers again,
     # with the same replicas: nothing was cut, and the bound keeps counting.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = _running(state, 4)
     clock.now += 60
     restarting = gpu_node("gpu-a", gpus=2, replicas=4)
     restarting["status"]["capacity"]["nvidia.com/gpu.shared"] = "0"
@@ -128,14 +130,10 @@ def test_a_joining_node_labelled_after_its_capacity_is_no_cut() -> None:
     # GFD's labels; "1 GPU assumed" reads 8 replicas on it, the labels then say 4 per
     # GPU. Nothing was cut: the pods pending since before the node came must not turn
     # its spread bound off for as long as they run.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", _joining("gpu-a", gpus=2, replicas=4))
+    state, clock = _state(_joining("gpu-a", gpus=2, replicas=4))
     clock.now += 30
     state.on_node("MODIFIED", gpu_node("gpu-a", gpus=2, replicas=4))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    pods = _running(state, 4)
     clock.now += 60
     usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
     state.on_report("ADDED", gpu_report("gpu-a", usage, at=_at(clock)))
@@ -146,12 +144,8 @@ def test_a_joining_node_labelled_after_its_capacity_is_no_cut() -> None:
 
 def test_a_re_created_node_labelled_after_its_capacity_is_no_cut() -> None:
     # kubelet re-registers a deleted Node: its capacity comes back before GFD's labels.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = _running(state, 4)
     clock.now += 60
     state.on_node("DELETED", gpu_node("gpu-a", gpus=2, replicas=4))
     state.on_node("ADDED", _joining("gpu-a", gpus=2, replicas=4))
@@ -167,12 +161,8 @@ def test_a_gpu_count_label_ahead_of_the_capacity_is_no_cut() -> None:
     # A GPU lost (fallen off the bus): GFD's count moves to 1 before the plugin
     # re-registers, so capacity 8 over the 1 GPU "confirmed" reads 8 per GPU; then
     # capacity 4 over 1 reads 4 again. No replica was cut.
-    clock = Clock()
-    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2, replicas=4))
-    pods = [gpu_pod(f"a{i}", node="gpu-a", declared="9Gi", phase="Running") for i in range(4)]
-    for pod in pods:
-        state.on_pod("ADDED", pod)
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=4))
+    _running(state, 4)
     clock.now += 60
     labelled = gpu_node("gpu-a", gpus=2, replicas=4)
     labelled["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
