@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 
 from extender.verdicts import UNKNOWN_NODE, Verdicts
-from headroom import names
 from headroom.accounting import (
     FUTURE_TOLERANCE_SECONDS,
     History,
@@ -198,11 +197,10 @@ class ClusterState:
         gave ``::4..::7``, and the device plugin, balancing by the replicas it lists,
         counts them nowhere. A capacity of 0 (kubelet restarted, the plugin not
         registered again yet) says nothing and is no cut, nor does a capacity read
-        over a stand-in GPU count (a problem with ``nvidia.com/gpu.count``: GFD's labels
-        missing as a node joins or re-registers, the count moving before the capacity):
+        over a stand-in GPU count (:attr:`NodeGPUs.counted`: GFD's labels missing as a
+        node joins or re-registers, the count moving before the capacity):
         the cut is seen when labels and capacity agree again, against the figure before."""
-        stand_in = any(names.LABEL_COUNT in problem for problem in node.problems)
-        per_gpu = node.shared_capacity // node.confirmed if node.confirmed and not stand_in else 0
+        per_gpu = node.shared_capacity // node.confirmed if node.confirmed and node.counted else 0
         now = (node.replicas_per_gpu, per_gpu or None)
         before = self._offered.get(node.name, (None, None))
         if any(b is not None and n is not None and n < b for n, b in zip(now, before, strict=True)):

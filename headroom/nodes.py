@@ -46,6 +46,9 @@ class NodeGPUs:
     confirmed: int = 0
     """GPUs both show (the fewer): what the multi-GPU spread bound and the advertised
     capacity count on (headroom.spread, headroom.capacity); 0 counts on none."""
+    counted: bool = True
+    """False where :attr:`confirmed` is a stand-in: GFD's count label missing, or
+    disagreeing with the capacity (as a node joins, or while a GPU is lost)."""
     memory_bytes: int = 0
     """Per GPU, from ``nvidia.com/gpu.memory`` (MiB); 0 when the label is unusable."""
     replicas: int = 1
@@ -80,16 +83,18 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
     count = max(labelled, offered)
     confirmed = min(labelled, offered) or count
     mig = _mig_slices(capacity, labels)
+    counted = True
     if not labelled and count:
         # One source only, and one a wrong replicas label skews: charged on every GPU
         # it shows, counted on one, as with no figure at all.
-        confirmed = 1
+        confirmed, counted = 1, False
         problems.append(
             f"label {names.LABEL_COUNT} missing or not a number; charging the {count} "
             f"GPUs {names.GPU_SHARED} capacity shows, counting on 1"
         )
     elif offered and labelled != offered and not (mig and offered < labelled):
         # (With MIG strategy mixed the label also counts the GPUs in MIG mode.)
+        counted = False
         problems.append(
             f"label {names.LABEL_COUNT}={labelled} but {names.GPU_SHARED} capacity shows "
             f"{offered} GPUs: charging {count}, counting on {confirmed}"
@@ -97,6 +102,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
     if not count and (shared or names.GPU_SHARED in capacity):
         # One GPU is the conservative guess: every pod is then charged to it.
         count = confirmed = 1
+        counted = False
         problems.append(f"label {names.LABEL_COUNT} missing or not a number; assuming 1 GPU")
 
     # Two components, GFD and the device plugin, agreeing exactly on every GPU.
@@ -112,6 +118,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeGPUs:
         product=product,
         count=count,
         confirmed=confirmed,
+        counted=counted,
         memory_bytes=memory,
         replicas=replicas,
         shared_capacity=shared,

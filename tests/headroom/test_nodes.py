@@ -51,6 +51,7 @@ def test_count_label_and_device_plugin_capacity_are_both_heard() -> None:
         assert (node.count, node.confirmed) == (charged, confirmed), label
         disagree = any("nvidia.com/gpu.shared capacity" in p for p in node.problems)
         assert disagree == (charged != confirmed), label
+        assert node.counted == (not disagree), label
 
 
 def test_capacity_alone_is_charged_but_counted_on_as_one_gpu() -> None:
@@ -63,6 +64,7 @@ def test_capacity_alone_is_charged_but_counted_on_as_one_gpu() -> None:
         node = parse_node(obj)
         assert (node.count, node.confirmed) == (charged, 1), replicas
         assert any("counting on 1" in p for p in node.problems)
+        assert not node.counted  # the 1 is a stand-in
 
 
 def test_node_without_gpus() -> None:
