@@ -337,7 +337,7 @@ def gpus(
                 uuid=f"GPU-{index}",
                 total_bytes=40 * GIB,
                 used_bytes=sum(held.values()),
-                free_bytes=40 * GIB - sum(held.values()),
+                free_bytes=max(40 * GIB - sum(held.values()), 0),
                 pods=[
                     PodUsage(
                         uid=uid,

@@ -8,33 +8,15 @@ not evict on it. A pod that is really over on a reading that can be is still
 evicted.
 """
 
-from datetime import UTC, datetime
-
 from agent.guard import Guard
 from headroom.quantity import GIB
-from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
-from tests.agent.test_guard import NAMESPACES, POLICIES, guarded
+from headroom.reports import MigDeviceUsage, PodUsage, ReportStatus
+from tests.agent.test_guard import NAMESPACES, POLICIES, gpus, guarded
 
 
-def reading(
-    held: dict[str, int], *, total: int = 40 * GIB, used: int | None = None
-) -> ReportStatus:
-    used = sum(held.values()) if used is None else used
-    return ReportStatus(
-        node_name="gpu-node-1",
-        backend="nvml",
-        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
-        gpus=[
-            GPUUsage(
-                index=0,
-                uuid="GPU-0",
-                total_bytes=total,
-                used_bytes=used,
-                free_bytes=max(total - used, 0),
-                pods=[PodUsage(uid=uid, used_bytes=b, allocated=True) for uid, b in held.items()],
-            )
-        ],
-    )
+def given(usage: dict[int, dict[str, int]]) -> ReportStatus:
+    """:func:`tests.agent.test_guard.gpus`, every pod allocated the GPU it is read on."""
+    return gpus(usage, allocated={index: set(held) for index, held in usage.items()})
 
 
 def verdicts(status: ReportStatus, times: int = 3) -> list[tuple[str, str]]:
@@ -48,11 +30,11 @@ def verdicts(status: ReportStatus, times: int = 3) -> list[tuple[str, str]]:
 
 def test_a_process_holding_more_than_the_gpu_is_no_proof() -> None:
     # NVML says pod a holds 64 GiB of a 40 GiB GPU: garbage, not an over-declaration.
-    assert verdicts(reading({"a": 64 * GIB}, used=64 * GIB)) == []
+    assert verdicts(given({0: {"a": 64 * GIB}})) == []
 
 
 def test_a_mig_device_holding_more_than_its_slice_is_no_proof() -> None:
-    status = reading({})
+    status = given({0: {}})
     status.gpus[0].mig_enabled = True
     status.gpus[0].mig_devices = [
         MigDeviceUsage(
@@ -64,18 +46,12 @@ def test_a_mig_device_holding_more_than_its_slice_is_no_proof() -> None:
 
 
 def test_a_pod_over_on_a_consistent_reading_is_still_evicted() -> None:
-    assert ("evict", "a") in verdicts(reading({"a": 16 * GIB, "b": 4 * GIB}))
+    assert ("evict", "a") in verdicts(given({0: {"a": 16 * GIB, "b": 4 * GIB}}))
 
 
 def test_garbage_on_its_own_gpu_does_not_hide_a_gpu_kubelet_never_gave_it() -> None:
     # kubelet gave pod a GPU 0, where NVML's figure for it is garbage (64 GiB of 40);
     # a reads 4 GiB on GPU 1, which kubelet never gave it (NVIDIA_VISIBLE_DEVICES=all).
     # Dropping the garbage figure must not drop what it says with it: GPU 0 is a's.
-    status = reading({"a": 64 * GIB}, used=64 * GIB)
-    status.gpus.append(
-        GPUUsage(
-            index=1, uuid="GPU-1", total_bytes=40 * GIB, used_bytes=4 * GIB,
-            free_bytes=36 * GIB, pods=[PodUsage(uid="a", used_bytes=4 * GIB, allocated=False)],
-        )
-    )  # fmt: skip
+    status = gpus({0: {"a": 64 * GIB}, 1: {"a": 4 * GIB}}, allocated={0: {"a"}})
     assert ("evict", "a") in verdicts(status)
