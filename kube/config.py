@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
-"""The in-cluster token is re-read this often: kubelet rotates the projected token
-(the official loader re-reads it every minute too)."""
+"""The in-cluster token, and a kubeconfig's ``tokenFile``, are re-read this often:
+kubelet rotates the projected token (client-go re-reads both every minute too)."""
 _OWN_USER_KEYS = frozenset(
     ("token", "tokenFile", "client-certificate", "client-certificate-data", "client-key",
      "client-key-data", "extensions")
@@ -190,9 +190,9 @@ class _TokenFile:
     fail on the apiserver's answer, not on a missing file).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, initial: str = "") -> None:
         self.path = path
-        self._value = ""
+        self._value = f"Bearer {initial}" if initial else ""
         self._read_at = -TOKEN_REREAD_SECONDS
 
     def __call__(self) -> str:
@@ -205,7 +205,7 @@ class _TokenFile:
             if token:
                 self._value = f"Bearer {token}"
             elif not self._value:
-                raise KubeConfigError(f"{self.path}: no service-account token, or empty")
+                raise KubeConfigError(f"{self.path}: no token, or empty")
             else:
                 log.warning("%s could not be re-read; the last token stays in use", self.path)
             self._read_at = now
@@ -225,10 +225,12 @@ def _from_kubeconfig(path: Path) -> Credentials:
     if not isinstance(server, str) or not server:
         raise KubeConfigError(f"{path}: the current context's cluster has no server")
     base = Path(os.path.abspath(path)).parent  # as the official loader: symlinks not followed
-    token = user.get("token")
-    if not token and user.get("tokenFile"):
-        token = (base / str(user["tokenFile"])).read_text().strip()
+    token = str(user.get("token") or "")
     bearer = f"Bearer {token}" if token else None
+    authorization: Callable[[], str | None] = lambda: bearer  # noqa: E731
+    if user.get("tokenFile"):  # as client-go: re-read (a rotated token), ``token`` while unreadable
+        authorization = _TokenFile(base / str(user["tokenFile"]), initial=token)
+        authorization()  # fail now, not at the first request
     https = server.startswith("https")
     return Credentials(
         server=server.rstrip("/"),
@@ -241,7 +243,7 @@ def _from_kubeconfig(path: Path) -> Credentials:
         verify=not cluster.get("insecure-skip-tls-verify", False),
         tls_server_name=cluster.get("tls-server-name") or None,
         proxy=cluster.get("proxy-url") or None,
-        authorization=lambda: bearer,
+        authorization=authorization,
     )
 
 

@@ -141,6 +141,27 @@ def test_in_cluster_reads_the_service_account_and_rereads_the_token(
     assert found.authorization() == "Bearer two"
 
 
+def test_a_kubeconfig_token_file_is_reread_as_client_go_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-go reads ``tokenFile`` through a cached file token source (a rotated token
+    is used within a minute); ``token`` beside it is used while the file cannot be read."""
+    (tmp_path / "token").write_text("one\n")
+    path = kubeconfig(tmp_path / "config", {"server": "http://127.0.0.1:1"}, {"tokenFile": "token"})
+    found = credentials(str(path))
+    assert found.authorization() == "Bearer one"
+    (tmp_path / "token").write_text("two\n")  # rotated by whoever mounts it
+    monkeypatch.setattr(config, "TOKEN_REREAD_SECONDS", 0.0)
+    assert found.authorization() == "Bearer two"
+    (tmp_path / "token").unlink()
+    user = {"token": "inline", "tokenFile": "token"}
+    assert credentials(str(kubeconfig(path, {"server": "http://h"}, user))).authorization() == (
+        "Bearer inline"
+    )
+    with pytest.raises(KubeConfigError, match="token"):
+        credentials(str(kubeconfig(path, {"server": "http://h"}, {"tokenFile": "token"})))
+
+
 def test_what_is_missing_is_named(tmp_path: Path) -> None:
     with pytest.raises(KubeConfigError, match="nowhere"):
         credentials(str(tmp_path / "nowhere"))
