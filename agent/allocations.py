@@ -12,6 +12,12 @@ two pods to kubelet and one to the apiserver: the name then does not say whose
 devices they are, and the pod stays unlocated rather than placed on the GPU
 another pod holds.
 
+kubelet's ``GetAllocatableResources`` says which replicas the device plugin lists
+now; a replica kubelet allocated beyond them (time-slicing cut from 8 replicas to
+4 on a live node: kubelet keeps the pods it gave ``::4..::7``) is one the NVIDIA
+plugin's balance counts nowhere, and the report says how many each GPU holds
+(:func:`unlisted_replicas`), so that an extender that never saw the cut knows.
+
 Asking kubelet never costs a report: a missing socket, a kubelet down, slow or
 rate-limiting, is logged once per reason, and the tick goes on without
 allocations, as the agent did before it asked.
@@ -19,9 +25,9 @@ allocations, as the agent did before it asked.
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.podresources import PodDevices, PodResourcesClient, PodResourcesError, parse_device_id
 from agent.podresources.devices import UnknownDeviceID
@@ -59,13 +65,58 @@ def pods_by_device(
     return {uuid: frozenset(owners) for uuid, owners in found.items()}, unknown
 
 
-def with_allocations(snapshot: Snapshot, allocations: Allocations) -> Snapshot:
-    """``snapshot`` with each GPU and MIG device carrying the pods kubelet gave it.
+class _Replica(NamedTuple):
+    uuid: str
+    replica: int
+
+
+def unlisted_replicas(
+    answer: Iterable[PodDevices], allocatable: Mapping[str, Iterable[str]]
+) -> dict[str, int]:
+    """GPU UUID -> how many of its time-slicing (or MPS) replicas kubelet has allocated
+    beyond those the device plugin lists now (``allocatable``), counted only for a GPU
+    it lists replicas of: replicas are numbered ``0..n-1`` per GPU
+    (NVIDIA/k8s-device-plugin internal/rm/device_map.go), so after a cut to ``n`` the
+    ones numbered ``n`` and up are gone from its list, and its distributed policy,
+    balancing by the replicas it lists (``total - available``, internal/rm/allocate.go),
+    places new pods as if theirs were free. A GPU it lists no replica of (its plugin not
+    registered again after a kubelet restart, or every replica unhealthy, which kubelet
+    leaves out of the answer) says nothing. An unhealthy replica below the highest
+    listed is not counted; one above it is, which charges more, never less. Replicas of
+    a time-sliced MIG device are not counted: Headroom places no pods on them."""
+    listed: dict[str, int] = {}
+    for device_ids in allocatable.values():
+        for ref in _replicas(device_ids):
+            listed[ref.uuid] = max(listed.get(ref.uuid, 0), ref.replica + 1)
+    counts: Counter[str] = Counter()
+    for entry in answer:
+        for ref in _replicas(entry.device_ids()):
+            if ref.uuid in listed and ref.replica >= listed[ref.uuid]:
+                counts[ref.uuid] += 1
+    return dict(counts)
+
+
+def _replicas(device_ids: Iterable[str]) -> Iterator[_Replica]:
+    for device_id in device_ids:
+        try:
+            ref = parse_device_id(device_id)
+        except UnknownDeviceID:
+            continue  # logged by pods_by_device
+        if ref.kind == "gpu" and ref.replica is not None:
+            yield _Replica(ref.uuid, ref.replica)
+
+
+def with_allocations(
+    snapshot: Snapshot, allocations: Allocations, unlisted: Mapping[str, int] | None = None
+) -> Snapshot:
+    """``snapshot`` with each GPU and MIG device carrying the pods kubelet gave it,
+    and each GPU how many replicas it holds that the device plugin no longer lists.
 
     A device the snapshot does not have (another driver's, or a MIG layout that
     changed) is ignored: the report keys GPUs by what NVML measures.
     """
-    if not allocations:
+    unlisted = unlisted or {}
+    if not allocations and not unlisted:
         return snapshot
     gpus = []
     for gpu in snapshot.gpus:
@@ -78,6 +129,7 @@ def with_allocations(snapshot: Snapshot, allocations: Allocations) -> Snapshot:
                 gpu,
                 allocated=gpu.allocated | allocations.get(gpu.uuid, frozenset()),
                 mig_devices=migs,
+                unlisted_replicas=unlisted.get(gpu.uuid, 0),
             )
         )
     return replace(snapshot, gpus=tuple(gpus))
@@ -94,6 +146,10 @@ class KubeletAllocations:
         """Device IDs already logged as unknown: the same ones come back every tick."""
         self.latest: dict[str, frozenset[str]] = {}
         """The last :meth:`read`'s answer: where the simulated backend places pods."""
+        self.unlisted: dict[str, int] = {}
+        """GPU UUID -> replicas allocated beyond those its plugin lists
+        (:func:`unlisted_replicas`), as last known: kept while kubelet cannot say."""
+        self._allocatable_failing: str | None = None
 
     async def read(self, pods: Mapping[str, Pod]) -> dict[str, frozenset[str]]:
         self.latest = await self._read(pods)
@@ -127,11 +183,30 @@ class KubeletAllocations:
             log.info("kubelet PodResources answers again: pods are located at allocation")
             self._failing = None
         allocations, unknown = pods_by_device(answer, pods)
+        await self._read_unlisted(answer)
         for bad in unknown:
             if bad.device_id not in self._unknown:
                 self._unknown.add(bad.device_id)
                 log.warning("ignoring a device kubelet allocated: %s", bad)
         return allocations
+
+    async def _read_unlisted(self, answer: list[PodDevices]) -> None:
+        try:
+            allocatable = await self._client.allocatable()
+        except PodResourcesError as err:
+            if err.reason != self._allocatable_failing:
+                log.warning(
+                    "replicas the device plugin stopped listing are not known: %s (%s)",
+                    err.message,
+                    err.reason,
+                )
+                self._allocatable_failing = err.reason
+            return
+        self._allocatable_failing = None
+        unlisted = unlisted_replicas(answer, allocatable)
+        if unlisted != self.unlisted:
+            log.info("replicas allocated beyond those the device plugin lists: %s", unlisted)
+        self.unlisted = unlisted
 
     async def close(self) -> None:
         await self._client.close()

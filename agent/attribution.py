@@ -110,7 +110,14 @@ def _with_last_good(gpus: list[GPUUsage], previous: Iterable[GPUUsage]) -> list[
     good ones, carried from tick to tick) and its new error."""
     last = {gpu.index: gpu for gpu in previous}
     return [
-        replace(last[gpu.index], error=gpu.error) if gpu.error and gpu.index in last else gpu
+        replace(
+            last[gpu.index],
+            error=gpu.error,
+            # kubelet's word, not NVML's, but keyed by the UUID NVML may not have read
+            unlisted_replicas=max(gpu.unlisted_replicas, last[gpu.index].unlisted_replicas),
+        )
+        if gpu.error and gpu.index in last
+        else gpu
         for gpu in gpus
     ]
 
@@ -134,6 +141,7 @@ def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
         unattributed_bytes=max(gpu.used_bytes - attributed, 0),
         numa_node=gpu.numa_node,
         error=gpu.error,
+        unlisted_replicas=gpu.unlisted_replicas,
     )
 
 

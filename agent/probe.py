@@ -61,6 +61,9 @@ class GPU:
     """Why NVML could not read this GPU; its figures are then not measurements."""
     numa_node: int | None = None
     """Its NUMA node as the NVIDIA device plugin reads it for kubelet (sysfs), or None."""
+    unlisted_replicas: int = 0
+    """Replicas of it kubelet allocated that the device plugin no longer lists
+    (:func:`agent.allocations.unlisted_replicas`)."""
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ def _gpu_change(
         return "NVML error changed"  # a failing GPU keeps its last figures: only this says
     if old.mig_enabled != new.mig_enabled:
         return "MIG mode changed"
+    if old.unlisted_replicas != new.unlisted_replicas:
+        return "replicas the device plugin no longer lists changed"
     old_migs = {device.uuid: device for device in old.mig_devices}
     if old_migs.keys() != {device.uuid for device in new.mig_devices}:
         return "MIG devices changed"

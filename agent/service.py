@@ -105,6 +105,7 @@ class Agent:
         namespaces: Callable[[], Mapping[str, Namespace]] = dict,
         resolve: Resolver = lambda pid: None,
         allocations: Callable[[Mapping[str, Pod]], Awaitable[Allocations]] | None = None,
+        unlisted: Callable[[], Mapping[str, int]] = dict,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         previous: ReportStatus | None = None,
@@ -122,6 +123,7 @@ class Agent:
         self._namespaces = namespaces
         self._resolve = resolve
         self._allocations = allocations
+        self._unlisted = unlisted
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         self.last: ReportStatus | None = None
@@ -148,7 +150,7 @@ class Agent:
         except ProbeUnavailable as err:
             failure = err
         if snapshot is not None:
-            snapshot = with_allocations(snapshot, allocations)
+            snapshot = with_allocations(snapshot, allocations, self._unlisted())
         self._note_availability(failure)
         status = build_status(
             node_name=self._node_name,
@@ -330,6 +332,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         namespaces=lambda: namespace_informer.items,
         resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
         allocations=kubelet.read if kubelet is not None else None,
+        unlisted=(lambda: kubelet.unlisted) if kubelet is not None else dict,
         previous=await asyncio.to_thread(stored_report, writer, config.node_name),
     )
     pod_informer.start()

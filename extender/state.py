@@ -434,7 +434,15 @@ class ClusterState:
         internal/rm/allocate.go), so a GPU whose pods sit on replicas cut away looks
         empty to it, and neither the bound on unlocated pods nor the cap of replicas
         per GPU (headroom.spread) holds: every unlocated pod is charged everywhere and
-        a new pod must fit every GPU, until those pods are gone."""
+        a new pod must fit every GPU, until those pods are gone.
+
+        The node's agent says so too, cut seen here or not (this extender started after
+        it): a report with replicas kubelet allocated and the plugin no longer lists
+        (``GPUUsage.unlisted_replicas``, stale or not: it is evidence of pods, which
+        charges more, never less)."""
+        report = self.reports.get(name)
+        if report is not None and any(gpu.unlisted_replicas for gpu in report.gpus):
+            return True
         cut = self._replicas_cut.get(name)
         if cut is None:
             return False

@@ -86,6 +86,11 @@ class GPUUsage:
     ``numa_node`` of its PCI device); None: none, or not read. kubelet's Topology
     Manager (any policy but ``none``) offers the plugin only one NUMA node's GPUs
     (headroom.spread)."""
+    unlisted_replicas: int = Field(default=0, ge=0)
+    """Time-slicing replicas of this GPU kubelet allocated that the device plugin no
+    longer lists (its replicas were cut on a live node; agent.allocations): the
+    plugin's balance counts their pods nowhere, so a reader must not bound where
+    unlocated pods go by it. 0 as before: no schema bump."""
     error: str = ""
     """Why NVML could not read this GPU now (or, with NVML unavailable, the node).
     Its figures are then the last the agent read (zero if none): evidence to

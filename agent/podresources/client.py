@@ -122,6 +122,23 @@ class PodResourcesClient:
         )
         return [pod_devices(pod) for pod in response.pod_resources]
 
+    async def allocatable(self) -> dict[str, tuple[str, ...]]:
+        """The GPU devices kubelet may allocate now: resource name -> the IDs of the
+        healthy devices the device plugins list (``GetAllocatableResources``; kubelet's
+        device manager, ``GetAllocatableDevices``). A device kubelet allocated before
+        its plugin stopped listing it (time-slicing replicas cut) is not among them."""
+        response: api_pb2.AllocatableResourcesResponse = await self._call(
+            "GetAllocatableResources", api_pb2.AllocatableResourcesRequest()
+        )
+        devices: dict[str, tuple[str, ...]] = {}
+        for entry in response.devices:
+            if is_gpu_resource(entry.resource_name):
+                devices[entry.resource_name] = (
+                    *devices.get(entry.resource_name, ()),
+                    *entry.device_ids,
+                )
+        return devices
+
     async def get(self, namespace: str, name: str) -> PodDevices | None:
         """One pod; None when kubelet does not know it (not admitted yet, or
         gone). Needs kubelet's ``KubeletPodResourcesGet`` feature gate: without

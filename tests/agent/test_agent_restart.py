@@ -31,7 +31,8 @@ NODE = "gpu-node-1"
 
 def stored() -> ReportStatus:
     """The report written before the restart: GPU 0 holds 20 GiB of a process outside
-    Kubernetes and a pod's 6 GiB; GPU 1 is idle."""
+    Kubernetes and a pod's 6 GiB, on a replica its device plugin no longer lists; GPU 1
+    is idle."""
     return ReportStatus(
         node_name=NODE,
         backend="nvml",
@@ -45,6 +46,7 @@ def stored() -> ReportStatus:
                 free_bytes=14 * GIB,
                 unattributed_bytes=20 * GIB,
                 pods=[PodUsage(uid="p", namespace="t", name="p", used_bytes=6 * GIB)],
+                unlisted_replicas=1,
             ),
             GPUUsage(
                 index=1, uuid="GPU-1", total_bytes=40 * GIB, used_bytes=0, free_bytes=40 * GIB
@@ -107,6 +109,8 @@ async def test_a_gpu_nvml_cannot_read_after_a_restart_keeps_its_stored_figures()
     )  # fmt: skip
     assert [p.uid for p in gpu0.pods] == ["p"]
     assert writer.objects[0]["status"]["gpus"][0]["unattributedBytes"] == 20 * GIB
+    # kubelet's word, keyed by a UUID NVML could not read: kept as stored
+    assert writer.objects[0]["status"]["gpus"][0]["unlistedReplicas"] == 1
 
 
 async def test_nvml_down_after_a_restart_keeps_every_stored_gpu() -> None:

@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 from grpc import aio
 
-from agent.allocations import KubeletAllocations, pods_by_device, with_allocations
+from agent.allocations import (
+    KubeletAllocations,
+    pods_by_device,
+    unlisted_replicas,
+    with_allocations,
+)
 from agent.guard import Guard
 from agent.podresources import ContainerDevices, PodDevices, PodResourcesClient
 from agent.podresources import api_pb2 as pb
@@ -103,6 +108,39 @@ def test_the_snapshot_carries_each_devices_pods() -> None:
     assert with_allocations(snapshot, {}) is snapshot
 
 
+def listing(replicas: int, *gpus: str) -> dict[str, list[str]]:
+    """What GetAllocatableResources answers: ``replicas`` per GPU, all healthy."""
+    return {SHARED: [f"{gpu}::{n}" for gpu in gpus for n in range(replicas)]}
+
+
+def test_replicas_allocated_beyond_those_the_plugin_lists_are_counted_per_gpu() -> None:
+    # Cut from 8 replicas to 4: kubelet keeps what it gave ::4..::7, the plugin lists
+    # ::0..::3. GPU1 is not listed at all (its plugin not registered again): no word.
+    held = [
+        answer("ml", "a", SHARED, f"{GPU0}::5", f"{GPU0}::7"),
+        answer("ml", "b", SHARED, f"{GPU0}::3"),
+        answer("ml", "c", SHARED, f"{GPU1}::6"),
+        answer("ml", "m", "nvidia.com/mig-1g.5gb.shared", f"{MIG}::9"),
+        answer("ml", "x", SHARED, "not-a-gpu::1"),
+    ]
+    allocatable = listing(4, GPU0)
+    allocatable["nvidia.com/mig-1g.5gb.shared"] = [f"{MIG}::0"]
+    assert unlisted_replicas(held, allocatable) == {GPU0: 2}
+    assert unlisted_replicas(held, listing(8, GPU0, GPU1)) == {}
+    # An unhealthy replica is left out of kubelet's answer: below the highest listed
+    # it says nothing; the highest itself reads as cut, which charges more, never less.
+    unhealthy = {SHARED: [f"{GPU0}::{n}" for n in (0, 1, 2, 4, 5, 6)]}
+    assert unlisted_replicas(held, unhealthy) == {GPU0: 1}  # ::7
+
+
+def test_each_gpu_carries_its_unlisted_replicas() -> None:
+    snapshot = Snapshot(
+        tuple(GPU(i, uuid, "A100", 40 * GIB, 0, 40 * GIB) for i, uuid in enumerate((GPU0, GPU1)))
+    )
+    carried = with_allocations(snapshot, {}, {GPU1: 3, "GPU-elsewhere": 1})
+    assert [gpu.unlisted_replicas for gpu in carried.gpus] == [0, 3]
+
+
 # --- through the agent's tick, against a real gRPC server -------------------------
 
 
@@ -142,7 +180,11 @@ def socket_path() -> Iterator[Path]:
 
 @pytest.fixture
 async def kubelet(socket_path: Path) -> AsyncIterator[Kubelet]:
-    servicer = Kubelet(pods=kubelet_answer())
+    allocatable = [
+        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
+        for ids in listing(8, GPU0, GPU1).values()
+    ]
+    servicer = Kubelet(pods=kubelet_answer(), allocatable=allocatable)
     server = aio.server()
     pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     assert server.add_insecure_port(f"unix://{socket_path}") == 1
@@ -162,6 +204,7 @@ def agent(socket_path: Path) -> tuple[Agent, KubeletAllocations]:
         actions=ActionsDouble(),
         pods=lambda: pods,
         allocations=kubelet.read,
+        unlisted=lambda: kubelet.unlisted,
     )
     return built, kubelet
 
@@ -183,7 +226,8 @@ async def test_each_pod_is_reported_on_the_gpu_kubelet_gave_it(
     finally:
         await allocations.close()
     assert listed(status) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
-    assert kubelet.calls == ["List"]
+    assert kubelet.calls == ["List", "GetAllocatableResources"]
+    assert [gpu.unlisted_replicas for gpu in status.gpus] == [0, 0]
     assert tick.reporter.writes == 1
 
 
@@ -219,6 +263,29 @@ async def test_a_kubelet_that_stops_answering_leaves_pods_where_it_put_them(
         await allocations.close()
     assert listed(answered) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
     assert [listed(s) for s in missed] == [listed(answered)] * 2
+
+
+async def test_replicas_cut_away_are_reported_and_kept_while_kubelet_cannot_say(
+    kubelet: Kubelet, socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tick, allocations = agent(socket_path)
+    # Cut to 2 replicas per GPU: b keeps GPU0::0, a keeps GPU1::2, which is gone.
+    kubelet.allocatable = [
+        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
+        for ids in listing(2, GPU0, GPU1).values()
+    ]
+    try:
+        cut = await tick.tick()
+        kubelet.allocatable = None  # GetAllocatableResources fails from now on
+        with caplog.at_level(logging.WARNING, logger="agent.allocations"):
+            unsure = [await tick.tick() for _ in range(2)]
+    finally:
+        await allocations.close()
+    assert [gpu.unlisted_replicas for gpu in cut.gpus] == [0, 1]
+    assert tick.reporter.writes == 1
+    assert [[gpu.unlisted_replicas for gpu in s.gpus] for s in unsure] == [[0, 1]] * 2
+    (record,) = caplog.records  # once, not every tick
+    assert "stopped listing are not known" in record.getMessage()
 
 
 async def test_a_missing_socket_is_logged_once(

@@ -99,6 +99,8 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):
     stall: asyncio.Event | None = None
     """When set, every call waits on it (a kubelet too slow to answer)."""
     rate_limited: bool = False
+    allocatable: list[pb.ContainerDevices] | None = None
+    """The devices ``GetAllocatableResources`` answers; None: the call fails."""
     calls: list[str] = field(default_factory=list)
 
     async def _gate(self, context: aio.ServicerContext[object, object], method: str) -> None:
@@ -114,6 +116,14 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):
     ) -> pb.ListPodResourcesResponse:
         await self._gate(context, "List")
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
+
+    async def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: aio.ServicerContext[object, object]
+    ) -> pb.AllocatableResourcesResponse:
+        await self._gate(context, "GetAllocatableResources")
+        if self.allocatable is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources")
+        return pb.AllocatableResourcesResponse(devices=self.allocatable, cpu_ids=[0, 1])
 
     async def Get(
         self, request: pb.GetPodResourcesRequest, context: aio.ServicerContext[object, object]
@@ -181,6 +191,27 @@ async def test_a_pods_replica_ids_name_its_gpus(kubelet_socket: Path) -> None:
     assert device_uuids(trainer.device_ids()) == {GPU0, GPU1}
     assert device_uuids(mig_job.device_ids()) == {MIG}
     assert device_uuids(coredns.device_ids()) == frozenset()
+
+
+async def test_allocatable_returns_the_gpu_devices_kubelet_may_allocate(
+    kubelet: Kubelet, kubelet_socket: Path
+) -> None:
+    kubelet.allocatable = [
+        pb.ContainerDevices(resource_name="nvidia.com/gpu.shared", device_ids=[f"{GPU0}::0"]),
+        pb.ContainerDevices(resource_name="example.com/nic", device_ids=["eth1"]),
+        pb.ContainerDevices(resource_name="nvidia.com/gpu.shared", device_ids=[f"{GPU0}::1"]),
+        pb.ContainerDevices(resource_name="nvidia.com/mig-1g.5gb", device_ids=[MIG]),
+    ]
+    async with PodResourcesClient(str(kubelet_socket)) as client:
+        assert await client.allocatable() == {
+            "nvidia.com/gpu.shared": (f"{GPU0}::0", f"{GPU0}::1"),
+            "nvidia.com/mig-1g.5gb": (MIG,),
+        }
+        kubelet.allocatable = None
+        with pytest.raises(PodResourcesError) as failed:
+            await client.allocatable()
+    assert failed.value.reason == "Failed"
+    assert "GetAllocatableResources" in failed.value.message
 
 
 async def test_the_socket_may_be_given_as_a_grpc_target(kubelet_socket: Path) -> None:

@@ -83,6 +83,10 @@ def test_what_counts_as_a_change() -> None:
     # A GPU NVML stops reading keeps its last figures (agent.attribution): the error says.
     failing = replace(base, gpus=[replace(base.gpus[0], error="NVMLError_Unknown")])
     assert change_reason(base, failing, policy) == "gpu 0: NVML error changed"
+    cut = replace(base, gpus=[replace(base.gpus[0], unlisted_replicas=2)])
+    assert change_reason(base, cut, policy) == (
+        "gpu 0: replicas the device plugin no longer lists changed"
+    )
     small_gpu = WritePolicy(threshold_fraction=0.0)  # only the 64 MiB floor
     assert change_reason(base, status(10 * GIB + 100 * MIB), small_gpu) is not None
 

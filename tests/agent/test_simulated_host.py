@@ -230,4 +230,4 @@ async def test_the_agent_places_pods_where_kubelet_says_and_finds_them_by_pid(
     located = {(g.index, p.uid): (p.used_bytes, p.allocated) for g in status.gpus for p in g.pods}
     # a: its process on GPU 1, as kubelet allocated; b: no container yet, 0 bytes on GPU 0
     assert located == {(1, UID_A): (6 * GIB, True), (0, UID_B): (0, True)}
-    assert kubelet.calls == ["List"]
+    assert kubelet.calls == ["List", "GetAllocatableResources"]  # never Get

@@ -50,6 +50,29 @@ def test_a_gpu_whose_pods_hold_replicas_cut_away_still_takes_new_pods() -> None:
     assert "headroom" in verdict.reason
 
 
+def test_an_extender_started_after_the_cut_reads_it_from_the_agents_report() -> None:
+    # The same node, seen first by an extender (re)started after the cut: 4 replicas
+    # per GPU from its first sight, so nothing here stamps a cut. The agent, asking
+    # kubelet which replicas its plugin lists (GetAllocatableResources), counts 4 on
+    # GPU 0 allocated beyond them; without that q would be let onto the node.
+    state, clock = _state(gpu_node("gpu-a", gpus=2, replicas=4))
+    pods = _running(state, 4)
+    clock.now += 60
+    usage = {0: {uid_of(p): 9 * GIB for p in pods}, 1: {}}
+    report = gpu_report("gpu-a", usage, at=_at(clock))
+    state.on_report("ADDED", report)
+    q = _created(gpu_pod("q", declared="9Gi"), clock)
+    state.on_pod("ADDED", q)
+    assert state.fit(state.parse(q), "gpu-a").fits  # a 4-of-4 GPU 0 bounds q to GPU 1
+    report["status"]["gpus"][0]["unlistedReplicas"] = 4
+    state.on_report("MODIFIED", report)
+    verdict = state.fit(state.parse(q), "gpu-a")
+    assert not verdict.fits, "q may land on GPU 0 beside 36 GiB"
+    report["status"]["gpus"][0]["unlistedReplicas"] = 0  # those pods gone, or moved
+    state.on_report("MODIFIED", report)
+    assert state.fit(state.parse(q), "gpu-a").fits
+
+
 def test_once_the_pods_from_before_the_cut_are_gone_the_bound_counts_again() -> None:
     # Packing is not lost for good: pods created after the cut were given replicas the
     # plugin lists, and with those alone on GPU 0 it holds 4 of 4, so q goes to GPU 1.
