@@ -106,17 +106,61 @@ def credentials(kubeconfig: str | None = None) -> Credentials:
     where = kubeconfig or os.environ.get("KUBECONFIG") or "in-cluster / ~/.kube/config"
     try:
         if kubeconfig:
-            return _from_kubeconfig(Path(kubeconfig).expanduser())
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return _in_cluster(os.environ, SERVICE_ACCOUNT)
-        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-        if len(paths) > 1:
-            return from_configuration(_official(None))  # merged by the official rules
-        return _from_kubeconfig(Path(paths[0] if paths else "~/.kube/config").expanduser())
+            found = _from_kubeconfig(Path(kubeconfig).expanduser())
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            found = _in_cluster(os.environ, SERVICE_ACCOUNT)
+        else:
+            paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+            if len(paths) > 1:
+                found = from_configuration(_official(None))  # merged by the official rules
+            else:
+                default = Path(paths[0] if paths else "~/.kube/config").expanduser()
+                found = _from_kubeconfig(default)
+        _check_tls(found)
     except KubeConfigError as err:
         raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {err}") from err
     except (OSError, ValueError, yaml.YAMLError, ssl.SSLError) as err:
-        raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {err}") from err
+        raise KubeConfigError(
+            f"cannot load Kubernetes credentials from {where}: {_one_line(err)}"
+        ) from err
+    return found
+
+
+def _check_tls(found: Credentials) -> None:
+    """Build the TLS context once, now: a CA or client certificate that cannot be used is
+    named here, not at the first request (where a caller read it as a port it could not
+    listen on)."""
+    if not found.server.startswith("https"):
+        return
+    for label, path in (
+        ("certificate-authority", found.ca_file),
+        ("client-certificate", found.cert_file),
+        ("client-key", found.key_file),
+    ):
+        if path and not os.path.isfile(path):
+            raise KubeConfigError(f"{label} {path}: no such file")
+    if found.ca_file or found.ca_data:
+        which = (
+            f"certificate-authority {found.ca_file}"
+            if found.ca_file
+            else "certificate-authority-data"
+        )
+        try:
+            ssl.create_default_context(cafile=found.ca_file, cadata=found.ca_data)
+        except (ssl.SSLError, ValueError) as err:
+            raise KubeConfigError(f"{which}: not a usable CA certificate ({err})") from err
+    try:
+        found.ssl_context()
+    except (ssl.SSLError, ValueError) as err:
+        raise KubeConfigError(f"client certificate and key cannot be used ({err})") from err
+
+
+def _one_line(err: BaseException) -> str:
+    """An error as one line: a YAML error's problem and where, not its quoted excerpt."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+    return " ".join(str(err).split())
 
 
 def from_configuration(configuration: ClientConfiguration) -> Credentials:
@@ -160,9 +204,11 @@ def _official(kubeconfig: str | None, *, pool: int | None = None) -> Any:
             config.load_incluster_config(client_configuration=configuration)
         else:
             config.load_kube_config(client_configuration=configuration)
-    except (config.ConfigException, OSError) as err:
+    except (config.ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as err:
+        # ValueError: not UTF-8, data not base64; TypeError: YAML that is not a mapping.
         where = kubeconfig or os.environ.get("KUBECONFIG") or "in-cluster / ~/.kube/config"
-        raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {err}") from err
+        why = f"not a kubeconfig ({err})" if isinstance(err, TypeError) else _one_line(err)
+        raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {why}") from err
     return configuration
 
 

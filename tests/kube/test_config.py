@@ -212,3 +212,57 @@ async def test_rest_verifies_the_server_by_the_ca_data(
             await stranger.request("GET", "/hello")
     finally:
         await stranger.close()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"garbage: [\n", b"[1, 2]\n", b"just a string\n", b"\xff\xfe"],
+    ids=["yaml", "list", "string", "binary"],
+)
+def test_a_malformed_kubeconfig_is_named_by_both_loaders(tmp_path: Path, text: bytes) -> None:
+    """``headroom top``, ``certs`` and ``demo`` use the official loader (api_client): a
+    malformed file once reached the user as a yaml.ParserError or TypeError traceback."""
+    path = tmp_path / "config"
+    path.write_bytes(text)
+    for load in (config.api_client, credentials):
+        with pytest.raises(KubeConfigError) as caught:
+            load(str(path))
+        message = str(caught.value)
+        assert str(path) in message, (load, message)
+        assert "\n" not in message, (load, message)
+
+
+def test_a_kubeconfig_whose_data_is_not_base64_is_named_by_the_official_loader(
+    tmp_path: Path,
+) -> None:
+    path = kubeconfig(
+        tmp_path / "config",
+        {"server": "https://h:1", "certificate-authority-data": "!!notbase64"},
+        {"token": "t"},
+    )
+    with pytest.raises(KubeConfigError, match="config"):
+        config.api_client(str(path))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "named"),
+    [
+        ({"certificate-authority": "gone/ca.crt"}, {"token": "t"}, "gone/ca.crt"),
+        ({"certificate-authority-data": "aGVsbG8="}, {"token": "t"}, "certificate-authority-data"),
+        ({}, {"client-certificate": "gone.crt", "client-key": "gone.key"}, "gone.crt"),
+    ],
+    ids=["ca-file", "ca-data", "client-cert"],
+)
+def test_tls_material_that_cannot_be_used_is_named_at_load(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], named: str
+) -> None:
+    """Before, ``credentials`` accepted these and the first TLS handshake failed: the
+    webhook said ``cannot listen on 0.0.0.0:8443: [Errno 2] No such file or directory``
+    and the extender ``cannot serve on 127.0.0.1:8888``, blaming the port."""
+    path = kubeconfig(tmp_path / "config", {"server": "https://h:1", **cluster}, user)
+    with pytest.raises(KubeConfigError) as caught:
+        credentials(str(path))
+    message = str(caught.value)
+    assert str(path) in message
+    assert named in message
+    assert "\n" not in message
