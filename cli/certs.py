@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.options import add_kubeconfig
+from cli.options import add_kubeconfig, one_line, quiet_retries
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +128,27 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_inject(args: argparse.Namespace) -> int:
+    from urllib3.exceptions import HTTPError
+
     from certs.inject import InjectError, inject_ca_bundle, read_ca
     from kube.config import KubeConfigError, api_client
 
+    quiet_retries()
     try:
         ca_pem = read_ca(args.ca.read_bytes(), str(args.ca))
-        injection = inject_ca_bundle(api_client(args.kubeconfig), args.webhook, ca_pem)
     except OSError as err:
         log.error("--ca %s: %s", args.ca, err)
         return 2
+    except InjectError as err:
+        log.error("%s", err)
+        return 1
+    try:
+        injection = inject_ca_bundle(api_client(args.kubeconfig), args.webhook, ca_pem)
     except (InjectError, KubeConfigError) as err:
         log.error("%s", err)
+        return 1
+    except (HTTPError, OSError) as err:
+        log.error("cannot reach the apiserver: %s", one_line(err))
         return 1
     done = "set" if injection.patched else "already set"
     print(
@@ -149,12 +159,15 @@ def run_inject(args: argparse.Namespace) -> int:
 
 
 def run_secret(args: argparse.Namespace) -> int:
+    from urllib3.exceptions import HTTPError
+
     from certs.generate import CertificateRequestError, parse_ips
     from certs.inject import InjectError
     from certs.reconciler import Request, SecretApiError, reconcile
     from certs.secrets import SecretError
     from kube.config import KubeConfigError, api_client
 
+    quiet_retries()
     try:
         request = Request(
             namespace=args.namespace,
@@ -172,6 +185,9 @@ def run_secret(args: argparse.Namespace) -> int:
         return 2
     except (SecretApiError, InjectError, KubeConfigError) as err:
         log.error("%s", err)
+        return 1
+    except (HTTPError, OSError) as err:
+        log.error("cannot reach the apiserver: %s", one_line(err))
         return 1
     print("changes written" if outcome.wrote else "in line; nothing written")
     return 0

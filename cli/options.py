@@ -1,6 +1,7 @@
 """Argument types and options the commands share."""
 
 import argparse
+import logging
 import re
 
 from headroom.quantity import QuantityError, parse_bytes
@@ -62,3 +63,14 @@ def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)",
     )
+
+
+def quiet_retries() -> None:
+    """The official client retries a refused or broken connection three times, with a
+    warning each; a one-shot command that then gives up says why in one line itself."""
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's text on one line (urllib3 and the apiserver's can span several)."""
+    return " ".join(str(err).split())

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from cli.options import add_kubeconfig, duration, memory
+from cli.options import add_kubeconfig, duration, memory, one_line, quiet_retries
 from headroom.accounting import (
     DEFAULT_MARGIN_BYTES,
     DEFAULT_STALE_AFTER_SECONDS,
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from headroom import names
     from kube.config import KubeConfigError, api_client
 
+    quiet_retries()
     try:
         api = api_client(args.kubeconfig)
     except KubeConfigError as err:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             for report in _items(reports):
                 state.on_report("ADDED", report)
     except (ApiException, HTTPError, OSError) as err:
-        log.error("cannot read the cluster: %s", err)
+        log.error("cannot read the cluster: %s", one_line(err))
         return 1
     finally:
         api.close()
