@@ -18,7 +18,13 @@ import yaml
 from headroom import names
 from headroom.mig import MigOffer
 from headroom.mutation import Decision, decide
-from headroom.policy import GPUSharingPolicy, PolicyError, index_policies, load_policies
+from headroom.policy import (
+    GPUSharingPolicy,
+    PolicyError,
+    index_policies,
+    load_policies,
+    yaml_error,
+)
 
 TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
     "Deployment": ("spec", "template"),
@@ -100,11 +106,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         manifest = _one_object(_read(args.filename), args.filename)
         pod, source = pod_of(manifest)
-        policies = index_policies(
-            policy for path in args.policy for policy in load_policies(_read(path))
-        )
+        policies = index_policies(policy for path in args.policy for policy in _policies(path))
         labels = _labels(args.namespace_labels, policies)
-        offer = MigOffer.from_nodes(_objects(_read(args.nodes))) if args.nodes else None
+        offer = MigOffer.from_nodes(_nodes(args.nodes)) if args.nodes else None
     except (InputError, PolicyError) as err:
         print(f"headroom explain: {err}", file=sys.stderr)
         return 2
@@ -194,11 +198,32 @@ def _read(path: str) -> str:
         raise InputError(f"{path}: cannot read: {err}") from err
 
 
-def _objects(text: str, where: str = "nodes") -> list[Any]:
+def _policies(path: str) -> list[GPUSharingPolicy]:
+    try:
+        found = load_policies(_read(path))
+    except PolicyError as err:
+        raise InputError(f"{path}: {err}") from err
+    if not found:
+        raise InputError(f"{path}: no {names.POLICY_KIND} in it")
+    return found
+
+
+def _nodes(path: str) -> list[dict[str, Any]]:
+    """Node objects; ``kind`` may be left out, but another kind is a wrong file."""
+    nodes = _objects(_read(path), path)
+    for number, node in enumerate(nodes, start=1):
+        if not isinstance(node, dict):
+            raise InputError(f"{path}: document {number} is not an object")
+        if node.get("kind", "Node") != "Node":
+            raise InputError(f"{path}: document {number} is a {node['kind']}, not a Node")
+    return nodes
+
+
+def _objects(text: str, where: str) -> list[Any]:
     try:
         documents = [doc for doc in yaml.load_all(text, _ManifestLoader) if doc is not None]
     except yaml.YAMLError as err:
-        raise InputError(f"{where}: not valid YAML: {err}") from err
+        raise InputError(f"{where}: {yaml_error(err)}") from err
     flat: list[Any] = []
     for document in documents:
         items = document.get("items") if isinstance(document, dict) else None
@@ -208,8 +233,11 @@ def _objects(text: str, where: str = "nodes") -> list[Any]:
 
 def _one_object(text: str, where: str) -> dict[str, Any]:
     objects = _objects(text, where)
-    if len(objects) != 1 or not isinstance(objects[0], dict):
+    if len(objects) != 1:
         raise InputError(f"{where}: expected one Kubernetes object, found {len(objects)}")
+    if not isinstance(objects[0], dict):
+        found = type(objects[0]).__name__
+        raise InputError(f"{where}: expected a Kubernetes object, found a {found}")
     return objects[0]
 
 

@@ -231,7 +231,7 @@ def load_policies(text: str) -> list[GPUSharingPolicy]:
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as err:
-        raise PolicyError(f"not valid YAML: {err}") from err
+        raise PolicyError(yaml_error(err)) from err
     policies = []
     for number, document in enumerate(_flatten(documents), start=1):
         try:
@@ -239,6 +239,15 @@ def load_policies(text: str) -> list[GPUSharingPolicy]:
         except PolicyError as err:
             raise PolicyError(f"document {number}: {err}") from err
     return policies
+
+
+def yaml_error(err: yaml.YAMLError) -> str:
+    """One line: what is wrong and where, not yaml's multi-line excerpt of the text."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is not None and problem:
+        return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return "not valid YAML: " + " ".join(str(err).split())
 
 
 def _flatten(documents: Iterable[Any]) -> Iterable[Any]:

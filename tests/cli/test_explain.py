@@ -232,3 +232,55 @@ def test_the_installed_console_script() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["pod"]["metadata"]["annotations"]["headroom.dev/mode"] == "mig"
+
+
+def only_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_file_whose_yaml_is_broken_is_named_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Before: yaml's own multi-line excerpt, 'in "<unicode string>"', and for a policy
+    # or nodes file no file name at all ("not valid YAML", "nodes: not valid YAML").
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: Pod\nspec: [\n")
+    deployment = str(PODS / "tensorflow-deployment.yaml")
+    for args in (
+        ["-f", str(broken), "--policy", SHARED],
+        ["-f", deployment, "--policy", str(broken)],
+        ["-f", deployment, "--policy", SHARED, "--nodes", str(broken)],
+    ):
+        code, _, err = explain(capsys, *args)
+        assert code == 2
+        line = only_line(err)
+        assert str(broken) in line, line
+        assert "line 3" in line, line
+
+
+def test_what_is_not_an_object_a_policy_or_a_node_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    deployment = str(PODS / "tensorflow-deployment.yaml")
+    text = tmp_path / "certificate.pem"
+    text.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    code, _, err = explain(capsys, "-f", str(text), "--policy", SHARED)
+    # Before: "expected one Kubernetes object, found 1".
+    assert code == 2
+    assert only_line(err) == f"headroom explain: {text}: expected a Kubernetes object, found a str"
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    # Before: exit 0, explaining an unlabelled namespace nobody asked about.
+    code, _, err = explain(capsys, "-f", deployment, "--policy", str(empty))
+    assert code == 2
+    assert only_line(err) == f"headroom explain: {empty}: no GPUSharingPolicy in it"
+
+    # Before: exit 0, the Deployment read as a node that offers no MIG slice.
+    code, _, err = explain(capsys, "-f", deployment, "--policy", SHARED, "--nodes", deployment)
+    assert code == 2
+    assert (
+        only_line(err) == f"headroom explain: {deployment}: document 1 is a Deployment, not a Node"
+    )
