@@ -143,3 +143,31 @@ def test_the_webhook_network_policy_admits_the_apiserver_through_konnectivity() 
     # AKS labels its agents app=konnectivity-agent, GKE k8s-app=konnectivity-agent.
     assert {"app": "konnectivity-agent"} in konnectivity
     assert {"k8s-app": "konnectivity-agent"} in konnectivity
+
+
+def test_docs_kind_leaves_headroom_schedulable_on_kinds_only_node() -> None:
+    # hack/kind-up.sh creates kind's default cluster: one node. docs/kind.md then makes
+    # that node the fake GPU node; a NoSchedule taint there (as the seeds' GPU nodes
+    # carry) once left the weekly certificates CronJob, and any webhook or scheduler
+    # pod recreated by a rollout or an eviction, Pending for good.
+    assert "--config" not in (ROOT / "hack/kind-up.sh").read_text()  # one node
+    guide = (ROOT / "docs/kind.md").read_text()
+    taints = [
+        {"key": key, "value": value, "effect": effect}
+        for key, value, effect in re.findall(
+            r"kubectl taint node \S+ ([^=\s]+)=(\S*):(NoSchedule|NoExecute)", guide
+        )
+    ]
+    workloads = {
+        "webhook/deployment.yaml": ("spec", "template"),
+        "scheduler/deployment.yaml": ("spec", "template"),
+        "certificates/job.yaml": ("spec", "template"),
+        "certificates/cronjob.yaml": ("spec", "jobTemplate", "spec", "template"),
+    }
+    for relative, path in workloads.items():
+        template: Any = _load(f"manifests/base/{relative}")
+        for key in path:
+            template = template[key]
+        tolerations = template["spec"].get("tolerations") or []
+        for taint in taints:
+            assert any(_tolerates(t, taint) for t in tolerations), (relative, taint)
