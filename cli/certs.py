@@ -33,12 +33,22 @@ _WINDOW = re.compile(r"^(?P<number>[0-9]+)(?P<unit>d|h|m)$")
 _WINDOW_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
+SERVING_DAYS = 365
+"""certs.generate.SERVING_VALIDITY, spelled out so that --help imports no cryptography."""
+
+
 def renewal_window(text: str) -> datetime.timedelta:
     """``30d``, ``720h`` or ``90m``: how long before expiry to re-issue."""
     match = _WINDOW.match(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (expected e.g. 30d, 720h)")
-    return datetime.timedelta(**{_WINDOW_UNITS[match["unit"]]: int(match["number"])})
+    window = datetime.timedelta(**{_WINDOW_UNITS[match["unit"]]: int(match["number"])})
+    if window >= datetime.timedelta(days=SERVING_DAYS):
+        # Every run would find the certificate it just issued "expiring" and issue another.
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be shorter than the serving certificate's {SERVING_DAYS} days"
+        )
+    return window
 
 
 def add_parser(subparsers: Any) -> None:
