@@ -181,12 +181,23 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
 def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None, str]:
     """Effective shared replicas, MIG slices by profile, declared bytes (None: none),
     and a problem: a count above :data:`MAX_GPU_COUNT` is charged as that many (more
-    than kubelet allocates, whatever it reads) and named, so the filter refuses it."""
+    than kubelet allocates, whatever it reads) and named, so the filter refuses it;
+    a declaration that cannot be read makes the pod declare none, and is named."""
     asked: dict[str, list[tuple[Container, int]]] = {}
     for request in gpu_requests(pod, most=None):
         asked.setdefault(request.resource, []).append((request.container, request.count))
+    unreadable = ""
     for container in containers(pod):
-        memory = declared_memory(container)
+        try:
+            memory = declared_memory(container)
+        except PodError as err:
+            # Stored by the apiserver all the same (0; a number too long to read,
+            # of which kube-scheduler and kubelet read the low 64 bits), and let
+            # through by admission in exempt namespaces: no declaration to charge.
+            # Raising would have the pod watch drop the pod, uncharged; it is
+            # charged as declaring nothing (a shared pod: the whole GPU).
+            unreadable = unreadable or str(err)
+            continue
         if memory is not None:
             asked.setdefault(names.GPU_MEMORY, []).append((container, memory))
     effective = {resource: effective_request(amounts) for resource, amounts in asked.items()}
@@ -194,6 +205,9 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
     mig: dict[str, int] = {}
     declared = effective.pop(names.GPU_MEMORY, None)
     problem = ""
+    if unreadable:
+        declared = None
+        problem = f"{unreadable}: no {names.GPU_MEMORY} declaration Headroom can charge"
     for resource, count in effective.items():
         if count > MAX_GPU_COUNT:
             problem = problem or (

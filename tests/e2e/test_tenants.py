@@ -9,6 +9,7 @@ import copy
 import re
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -471,6 +472,33 @@ def test_a_legacy_pod_is_charged_the_whole_gpu(
     # The whole 40 GiB is charged to the legacy pod, whatever its annotation says:
     # 40448 MiB offered (40 GiB less the margin) - 40 GiB = -512 MiB left at most,
     # less while an earlier test's pods on the same GPU are still being deleted.
+    left = re.search(r"(-[\d.]+) (MiB|GiB) headroom < 1.0 GiB declared", reason)
+    assert left is not None, reason
+    assert float(left[1]) * (1024 if left[2] == "GiB" else 1) <= -512, reason
+
+
+@pytest.mark.parametrize("declared", ["0", str(2**256 + 1)], ids=["zero", "2^256+1"])
+def test_a_declaration_the_extender_cannot_read_is_charged_the_whole_gpu(
+    cluster: Cluster, namespace: NamespaceFactory, declared: str
+) -> None:
+    # In an exempt namespace no admission policy looks at the declaration, and the
+    # apiserver stores both: 0 (a quantity like any other) and 2^256 + 1, whose low
+    # 64 bits, all kube-scheduler and kubelet read, are 1. Neither is a declaration
+    # the extender can charge; such a pod must still be charged the whole GPU, as an
+    # undeclared one is, never dropped from the accounting as malformed.
+    exempt = namespace()
+    cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
+    tenant_of(cluster, exempt)
+    odd = legacy_pod(exempt, "odd", nodeName=NODE)
+    resources = odd["spec"]["containers"][0]["resources"]
+    resources["limits"][names.GPU_MEMORY] = declared
+    code, out = create(cluster, odd, f"--as={TENANT}")
+    assert code == 0, out
+    ns = namespace("gpu-shared")
+    cluster.apply([pinned(ns, "small", 1, "1Gi")])
+    settle(cluster, ns, total=1)
+    assert running(pods(cluster, ns)) == []
+    reason = next(iter(failed_scheduling(cluster, ns).values()))
     left = re.search(r"(-[\d.]+) (MiB|GiB) headroom < 1.0 GiB declared", reason)
     assert left is not None, reason
     assert float(left[1]) * (1024 if left[2] == "GiB" else 1) <= -512, reason

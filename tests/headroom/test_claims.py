@@ -54,6 +54,22 @@ def test_unmutated_pod_declares_nothing_and_is_legacy_when_shared() -> None:
     assert not parse_claim(gpu_pod("m", mig="1g.10gb", declared=None)).legacy
 
 
+@pytest.mark.parametrize("declared", ["0", str(2**256 + 1), "1.844674407370955e+120"])
+def test_a_declaration_it_cannot_charge_is_none_never_a_dropped_pod(declared: str) -> None:
+    # The apiserver stores each of these (0 is a quantity; the others pass its
+    # "whole number" check, and kube-scheduler and kubelet read their low 64 bits),
+    # and only the admission policy, which leaves exempt namespaces alone, refuses
+    # them. A claim that raised would have the pod watch ignore the pod, leaving it
+    # uncharged on its GPU: it is charged as one that declares nothing instead.
+    claim = parse_claim(gpu_pod("odd", declared=declared, node="gpu-a"))
+    assert (claim.shared, claim.declared, claim.legacy) == (1, None, True)
+    assert "spec.containers[0].resources.limits[headroom.dev/gpu-memory]" in claim.problem
+    # Beside a MIG slice, or alone, it declares nothing either.
+    mig = gpu_pod("slice", mig="1g.10gb", declared=None)
+    mig["spec"]["containers"][0]["resources"]["limits"]["headroom.dev/gpu-memory"] = declared
+    assert (parse_claim(mig).mig, parse_claim(mig).declared) == ({"1g.10gb": 1}, None)
+
+
 def test_annotations_never_declare_memory() -> None:
     # A tenant may patch annotations; only the immutable resource counts.
     pod = gpu_pod("p", declared="10Gi")
