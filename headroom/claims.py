@@ -33,7 +33,7 @@ from headroom.podspec import (
     containers,
     declared_memory,
     effective_request,
-    gpu_requests,
+    gpu_counts,
     mapping,
     shown,
     string_map,
@@ -184,10 +184,14 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
     than kubelet allocates, whatever it reads) and named, so the filter refuses it;
     a declaration that cannot be read makes the pod declare none, and is named."""
     asked: dict[str, list[tuple[Container, int]]] = {}
-    for request in gpu_requests(pod, most=None):
-        asked.setdefault(request.resource, []).append((request.container, request.count))
     unreadable = ""
     for container in containers(pod):
+        # Every GPU resource the container asks for, not only the one the webhook
+        # allows a container (gpu_requests): an exempt namespace's pod may ask a
+        # shared replica and a MIG slice together, and kubelet gives it both.
+        for resource, count in gpu_counts(container).items():
+            if count > 0:
+                asked.setdefault(resource, []).append((container, count))
         try:
             memory = declared_memory(container)
         except PodError as err:

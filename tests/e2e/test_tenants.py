@@ -477,21 +477,30 @@ def test_a_legacy_pod_is_charged_the_whole_gpu(
     assert float(left[1]) * (1024 if left[2] == "GiB" else 1) <= -512, reason
 
 
-@pytest.mark.parametrize("declared", ["0", str(2**256 + 1)], ids=["zero", "2^256+1"])
-def test_a_declaration_the_extender_cannot_read_is_charged_the_whole_gpu(
-    cluster: Cluster, namespace: NamespaceFactory, declared: str
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {names.GPU_MEMORY: "0"},
+        {names.GPU_MEMORY: str(2**256 + 1)},
+        {"nvidia.com/mig-1g.5gb": "1"},
+    ],
+    ids=["declares-0", "declares-2^256+1", "beside-a-mig-slice"],
+)
+def test_a_shared_pod_the_extender_cannot_read_is_charged_the_whole_gpu(
+    cluster: Cluster, namespace: NamespaceFactory, extra: dict[str, str]
 ) -> None:
-    # In an exempt namespace no admission policy looks at the declaration, and the
-    # apiserver stores both: 0 (a quantity like any other) and 2^256 + 1, whose low
-    # 64 bits, all kube-scheduler and kubelet read, are 1. Neither is a declaration
-    # the extender can charge; such a pod must still be charged the whole GPU, as an
-    # undeclared one is, never dropped from the accounting as malformed.
+    # In an exempt namespace no admission policy looks at a shared pod's other
+    # resources, and the apiserver stores each of these: a declaration of 0; one of
+    # 2^256 + 1, whose low 64 bits, all kube-scheduler and kubelet read, are 1; a
+    # MIG slice in the same container (a node mixing MIG and time-sliced GPUs
+    # offers both). None is a declaration the extender can charge; such a pod must
+    # still be charged the whole GPU, as an undeclared one is, never dropped from
+    # the accounting as malformed.
     exempt = namespace()
     cluster.kubectl("label", "namespace", exempt, f"{names.LABEL_EXEMPT}=true")
     tenant_of(cluster, exempt)
     odd = legacy_pod(exempt, "odd", nodeName=NODE)
-    resources = odd["spec"]["containers"][0]["resources"]
-    resources["limits"][names.GPU_MEMORY] = declared
+    odd["spec"]["containers"][0]["resources"]["limits"].update(extra)
     code, out = create(cluster, odd, f"--as={TENANT}")
     assert code == 0, out
     ns = namespace("gpu-shared")

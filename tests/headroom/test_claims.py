@@ -70,6 +70,17 @@ def test_a_declaration_it_cannot_charge_is_none_never_a_dropped_pod(declared: st
     assert (parse_claim(mig).mig, parse_claim(mig).declared) == ({"1g.10gb": 1}, None)
 
 
+def test_a_container_asking_two_gpu_resources_is_charged_both() -> None:
+    # The webhook refuses it, but in an exempt namespace nothing does, and kubelet
+    # gives the container both where a node offers both (MIG and time-sliced GPUs
+    # side by side). Raising would have the pod watch drop it, uncharged.
+    pod = gpu_pod("two", declared=None, node="gpu-a")
+    for section in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][section]["nvidia.com/mig-1g.5gb"] = "1"
+    claim = parse_claim(pod)
+    assert (claim.shared, claim.mig, claim.legacy) == (1, {"1g.5gb": 1}, True)
+
+
 def test_annotations_never_declare_memory() -> None:
     # A tenant may patch annotations; only the immutable resource counts.
     pod = gpu_pod("p", declared="10Gi")
