@@ -99,6 +99,12 @@ def test_rejects_what_apimachinery_rejects(text: str) -> None:
         parse_quantity(text)
 
 
+def test_a_number_too_long_to_read_is_named_as_such() -> None:
+    huge = str(2**256 + 1)  # 78 digits: the apiserver stores it
+    with pytest.raises(QuantityError, match="is too long to read \\(78 characters, at most 64\\)"):
+        parse_quantity(huge)
+
+
 def test_booleans_are_not_quantities() -> None:
     with pytest.raises(QuantityError):
         parse_quantity(True)
