@@ -504,7 +504,9 @@ def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, lis
     plugin offers would let a forged report "locate" pods on a GPU that does
     not exist (and so off the real ones): such GPUs are dropped; no shared pod
     can be given one anyway. A total above ``nvidia.com/gpu.memory`` is capped
-    at the label (``_gpu``).
+    at the label (``_gpu``). A GPU said to be in MIG mode (no shared GPU: no
+    shared pod is checked against it) is not believed on a node whose labels and
+    capacity say the device plugin shares every GPU (``replicas_per_gpu``).
     """
     problems = []
     gpus = report.gpus
@@ -516,6 +518,16 @@ def _believable(node: NodeGPUs, report: ReportStatus) -> tuple[ReportStatus, lis
         )
     if node.memory_bytes > 0 and any(gpu.total_bytes > node.memory_bytes for gpu in gpus):
         problems.append("GPUNodeReport totals above nvidia.com/gpu.memory are not trusted")
+    flagged = sum(1 for gpu in gpus if gpu.mig_enabled)
+    if flagged and node.replicas_per_gpu is not None:
+        # A GPU in MIG mode is no shared GPU: no newcomer is checked against it. But the
+        # labels and capacity say the device plugin shares every GPU of this node (no
+        # MIG slice offered, count x replicas shared), so it may give a pod that GPU.
+        gpus = [replace(gpu, mig_enabled=False) if gpu.mig_enabled else gpu for gpu in gpus]
+        problems.append(
+            f"GPUNodeReport puts {flagged} GPU(s) in MIG mode, but the node offers no MIG "
+            f"slice and shares all {node.count} in nvidia.com/gpu.shared: accounted as shared"
+        )
     if gpus is not report.gpus:
         report = replace(report, gpus=gpus)
     return report, problems

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from extender.state import ClusterState
 from headroom.claims import parse_claim
-from headroom.reports import CONDITION_NVML_AVAILABLE, Condition, parse_report, report_object
+from headroom.reports import (
+    CONDITION_NVML_AVAILABLE,
+    Condition,
+    PodUsage,
+    parse_report,
+    report_object,
+)
 from tests.extender.conftest import MARGIN, Clock
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 
@@ -491,3 +497,36 @@ def test_a_gpu_index_no_node_has_makes_the_report_unreadable() -> None:
     account = state.account("gpu-a")
     assert account is not None
     assert account.source != "report"
+
+
+def in_mig_mode(obj: dict[str, Any], index: int) -> dict[str, Any]:
+    """The report with GPU ``index`` said to be in MIG mode."""
+    status = parse_report(obj)
+    gpus = [replace(g, mig_enabled=True) if g.index == index else g for g in status.gpus]
+    return report_object(replace(status, gpus=gpus))
+
+
+def test_a_gpu_the_device_plugin_shares_is_not_taken_out_of_the_fit_by_a_mig_flag() -> None:
+    # A time-slicing node (no MIG slice offered, both GPUs in nvidia.com/gpu.shared):
+    # a 30 GiB pod on GPU 0, a 5 GiB one on GPU 1, each allocated there. A report
+    # calling GPU 0 MIG-enabled made it no shared GPU: its 30 GiB pod stayed charged
+    # there, but no newcomer was checked against it, and a second 30 GiB pod fitted
+    # although the device plugin, balancing one replica each, may give it GPU 0.
+    a = gpu_pod("a", node="gpu-a", declared="30Gi", phase="Running")
+    b = gpu_pod("b", node="gpu-a", declared="5Gi", phase="Running")
+    state, _ = state_with(gpu_node("gpu-a", gpus=2), a, b)
+    status = parse_report(gpu_report("gpu-a", {0: {}, 1: {}}))
+    allocated = [
+        replace(g, pods=[PodUsage(uid=uid_of(p), used_bytes=0, allocated=True)])
+        for g, p in zip(status.gpus, (a, b), strict=True)
+    ]
+    honest = report_object(replace(status, gpus=allocated))
+    newcomer = parse_claim(gpu_pod("c", declared="30Gi"))
+    state.on_report("ADDED", honest)
+    assert not state.fit(newcomer, "gpu-a").fits
+    state.on_report("MODIFIED", in_mig_mode(honest, 0))
+    assert not state.fit(newcomer, "gpu-a").fits
+    account = state.account("gpu-a")
+    assert account is not None
+    assert [g.index for g in account.gpus if g.shared] == [0, 1]
+    assert "MIG mode" in account.note
