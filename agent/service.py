@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -165,7 +166,9 @@ class Agent:
             # stored report carries, and an extender restarted since would read an
             # empty GPU (agent.attribution).
             previous=self.last if self.last is not None else self._stored,
-            heartbeat_seconds=round(self.reporter.policy.heartbeat_seconds),
+            # Rounded up: the report says the agent rewrites it at least this often, and
+            # the CRD takes whole seconds from 1 (0.4 s rounded was 0: no report built).
+            heartbeat_seconds=math.ceil(self.reporter.policy.heartbeat_seconds),
         )
         self.last = status
         self._observe(status, failure is None)

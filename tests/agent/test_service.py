@@ -14,7 +14,7 @@ from agent.caches import PolicyCache
 from agent.guard import Guard
 from agent.podresources import DEFAULT_SOCKET
 from agent.probe import BackendName, Snapshot
-from agent.reporter import Reporter
+from agent.reporter import Reporter, WritePolicy
 from agent.server import AgentMetrics, create_app
 from agent.service import Agent, AgentConfig
 from cli.main import build_parser, main
@@ -140,6 +140,26 @@ async def test_a_report_is_dated_when_its_tick_started_reading() -> None:
     )
     status = await agent.tick()
     assert status.observed_at == clock.start
+
+
+@pytest.mark.parametrize("heartbeat", [0.4, 0.5, 1.2])
+async def test_a_sub_second_heartbeat_still_reports(heartbeat: float) -> None:
+    # `headroom agent --interval 200ms --heartbeat 400ms`: the report's heartbeatSeconds
+    # (at least 1) was the heartbeat rounded, 0, and every tick failed to build its
+    # report: nothing was ever written. It is the heartbeat rounded up.
+    writer = WriterDouble()
+    agent = Agent(
+        node_name="n",
+        probe=StallingProbe(Clock(), 0),
+        reporter=Reporter(writer, WritePolicy(heartbeat_seconds=heartbeat)),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=dict,
+    )
+    status = await agent.tick()
+    assert status.heartbeat_seconds is not None
+    assert status.heartbeat_seconds >= heartbeat
+    assert len(writer.objects) == 1
 
 
 def test_durations() -> None:
