@@ -132,6 +132,9 @@ class Agent:
             previous if previous is not None and previous.node_name == node_name else None
         )
         self.last_tick_at: float | None = None
+        """When (monotonic) the last tick finished."""
+        self.ticking_since: float | None = None
+        """When (monotonic) :meth:`run` started its first tick."""
         self._failure_reason: str | None = None
 
     async def tick(self) -> ReportStatus:
@@ -183,7 +186,17 @@ class Agent:
         self.last_tick_at = time.monotonic()
         return status
 
+    def stalled(self, limit_seconds: float) -> bool:
+        """No tick has finished for ``limit_seconds``: since the last one, or since the
+        first one started (NVML hung on the very first read is a stall too; the guard
+        is off while it lasts). Before :meth:`run` starts (the pod cache syncing from
+        a slow apiserver) nothing is stalled."""
+        since = self.last_tick_at if self.last_tick_at is not None else self.ticking_since
+        return since is not None and time.monotonic() - since >= limit_seconds
+
     async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
+        if self.ticking_since is None:
+            self.ticking_since = time.monotonic()
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -395,8 +408,7 @@ async def _start_http(agent: Agent, pods: Informer, config: AgentConfig) -> web.
     stall = 3 * config.interval_seconds + 30
 
     def healthy() -> bool:
-        last = agent.last_tick_at
-        return last is None or time.monotonic() - last < stall
+        return not agent.stalled(stall)
 
     def ready() -> bool:
         return pods.synced.is_set() and agent.last is not None

@@ -3,6 +3,7 @@
 import argparse
 import asyncio
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -210,3 +211,47 @@ def test_kubelet_is_asked_on_real_nodes_only() -> None:
     assert AgentConfig("n", backend="simulated", sim_processes="host").asks_kubelet
     parser = build_parser()
     assert parser.parse_args(["agent"]).sim_processes == "none"
+
+
+class HungProbe(BrokenProbe):
+    """NVML that never answers its first read (a GPU fallen off the bus mid-call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    @property
+    def blocking(self) -> bool:
+        return True
+
+    def snapshot(self) -> Snapshot:
+        self.release.wait(timeout=30)
+        return Snapshot()
+
+
+async def test_a_first_tick_that_never_ends_is_a_stall() -> None:
+    # Liveness read "no tick yet" as healthy: NVML hung on the agent's very first
+    # read left it alive for good, with no report and the guard off.
+    probe = HungProbe()
+    agent = Agent(
+        node_name="n",
+        probe=probe,
+        reporter=Reporter(WriterDouble()),
+        guard=Guard(),
+        actions=ActionsDouble(),
+        pods=dict,
+    )
+    assert not agent.stalled(0.05)  # not ticking yet: the pod cache may still be syncing
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, interval_seconds=0.01))
+    try:
+        await asyncio.sleep(0.02)
+        assert not agent.stalled(0.5)
+        await asyncio.sleep(0.1)
+        assert agent.stalled(0.05)
+    finally:
+        stop.set()
+        probe.release.set()
+        await task
+    assert agent.last_tick_at is not None
+    assert not agent.stalled(5)
