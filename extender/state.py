@@ -170,6 +170,12 @@ class ClusterState:
         :data:`HISTORY_SECONDS`: what bounds where unlocated pods can be (headroom.spread)."""
         self.on_nominated: Callable[[PodClaim], None] = lambda claim: None
         """Told each unbound pod the watch shows with ``status.nominatedNodeName``."""
+        self.nominated: dict[str, dict[str, PodClaim]] = {}
+        """Node -> UID -> claim of each unbound GPU pod the watch shows nominated there:
+        the room kube-scheduler's preemption made for it (:meth:`ahead`)."""
+        self._ahead_accounts: dict[str, tuple[frozenset[str], NodeAccount]] = {}
+        """Node -> (the nominated pods counted, the account worked out with them), dropped
+        with the node's account."""
 
     # --- informer events ----------------------------------------------------
 
@@ -320,7 +326,8 @@ class ClusterState:
             return
         self._drop(claim.uid, keep_pending=True)
         self.pods[claim.uid] = claim
-        if claim.nominated and not claim.node:
+        if claim.nominated and not claim.node and claim.wants_gpu:
+            self.nominated.setdefault(claim.nominated, {})[claim.uid] = claim
             self.on_nominated(claim)
         if claim.node:
             self._on_node.setdefault(claim.node, {})[claim.uid] = claim
@@ -344,6 +351,7 @@ class ClusterState:
     def on_resync(self) -> None:
         """After a re-list every account is recomputed from the new contents."""
         self._accounts.clear()
+        self._ahead_accounts.clear()
         self._trials.clear()
         self.shared_headroom.clear()
         self.shared_room.clear()
@@ -373,22 +381,22 @@ class ClusterState:
         *,
         skip: Collection[str] = (),
         gone: Collection[str] = (),
-        more: PodClaim | None = None,
+        more: Iterable[PodClaim] = (),
         now: float | None = None,
         horizon: float = 0.0,
     ) -> NodeAccount | None:
         """The node's account from the cache, leaving out the pods ``skip``, with the
-        pods ``gone`` departed (their memory gone from the reports too) and ``more``
-        added, its departure history as it will be ``horizon`` seconds from now; None
-        for a node the cache does not hold."""
+        pods ``gone`` departed (their memory gone from the reports too) and the pods
+        ``more`` added, its departure history as it will be ``horizon`` seconds from
+        now; None for a node the cache does not hold."""
         node = self.nodes.get(name)
         if node is None:
             return None
         claims: Iterable[PodClaim] = self.claims_on(name)
         if skip:
             claims = (c for c in claims if c.uid not in skip)
-        if more is not None:
-            claims = [*claims, more]
+        if more:
+            claims = [*claims, *more]
         return account_node(
             node,
             claims,
@@ -460,10 +468,13 @@ class ClusterState:
         without: str | None = None,
         gone: Collection[str] = (),
         horizon: float = 0.0,
+        nominated: bool = True,
     ) -> Fit:
         """Whether ``claim`` fits node ``name`` now (:func:`headroom.placement.fit`),
         as if pod ``without`` were not there, and the pods ``gone`` had left (the
-        departure history as it will be ``horizon`` seconds from now).
+        departure history as it will be ``horizon`` seconds from now), beside the
+        pods kube-scheduler's preemption nominated there ahead of it (:meth:`ahead`;
+        ``nominated=False``: not them, as bind checks only what may be bound).
 
         A pod of more than one replica is charged in full on every GPU, but its
         replicas also let more of the unlocated single-replica pods already there
@@ -472,13 +483,16 @@ class ClusterState:
         once per node and pod shape until an event touches the node (``_trials``).
         """
         skip = {*gone} | ({without} if without is not None else set())
+        ahead = self.ahead(claim, name) if nominated else []
         if skip or horizon:
-            account = self._work_out(name, skip=skip, gone=gone, horizon=horizon)
+            account = self._work_out(name, skip=skip, gone=gone, more=ahead, horizon=horizon)
+        elif ahead:
+            account = self._with_ahead(name, ahead)
         else:
             account = self.account(name)
         if account is None:
             return Fit(False, UNKNOWN_NODE)
-        verdict = fit(account, claim)
+        verdict = _kept_for(fit(account, claim), ahead)
         if not verdict.fits or claim.shared <= 1 or not account.capped:
             return verdict
         cached = self.pods.get(claim.uid)
@@ -488,23 +502,61 @@ class ClusterState:
                 name,
                 skip={claim.uid, *skip},
                 gone=gone,
-                more=replace(claim, node=name),
+                more=[*ahead, replace(claim, node=name)],
                 horizon=horizon,
             )
-            return _trial_fit(claim, verdict, trial)
+            return _kept_for(_trial_fit(claim, verdict, trial), ahead)
         # A pod not on the node: its shape and creation (rounded down, which only
         # counts more departures) are all its trial reads of it, so retries and the
         # pods of one Deployment share each node's answer.
         created = None if claim.created is None else claim.created // 30 * 30
-        key = (claim.shared, claim.need, tuple(sorted(claim.mig.items())), created)
+        key = (
+            claim.shared,
+            claim.need,
+            tuple(sorted(claim.mig.items())),
+            created,
+            tuple(sorted(c.uid for c in ahead)),
+        )
         trials = self._trials.setdefault(name, {})
         answer = trials.get(key)
         if answer is None:
             if len(trials) >= TRIALS_KEPT:  # shapes enough to grow without bound: start over
                 trials.clear()
-            more = replace(claim, node=name, created=created)
-            answer = trials[key] = _trial_fit(claim, verdict, self._work_out(name, more=more))
+            more = [*ahead, replace(claim, node=name, created=created)]
+            trial = self._work_out(name, more=more)
+            answer = trials[key] = _kept_for(_trial_fit(claim, verdict, trial), ahead)
         return answer
+
+    def ahead(self, claim: PodClaim, name: str) -> list[PodClaim]:
+        """The pods kube-scheduler's preemption nominated to node ``name`` whose room it
+        keeps from ``claim``, placed there: of a priority no lower than its, not itself
+        (``addGENominatedPods``, pkg/scheduler/framework/runtime/framework.go), and not
+        held by a bind (kube-scheduler drops the nomination of a pod it assumes, and a
+        hold already charges it). Its own plugins count them, but only by node-level
+        resources: on a node of several GPUs, another pod could take the GPU room the
+        victims freed, and the preemptor would preempt again."""
+        on_node = self.nominated.get(name)
+        if not on_node:
+            return []
+        return [
+            replace(other, node=name)
+            for uid, other in on_node.items()
+            if uid != claim.uid and other.priority >= claim.priority and uid not in self.assumed
+        ]
+
+    def _with_ahead(self, name: str, ahead: list[PodClaim]) -> NodeAccount | None:
+        """The node's account with the nominated pods ``ahead`` in it, kept until an
+        event touches the node or the pods counted change."""
+        if self.account(name) is None:  # and its turning stale scheduled (:meth:`refresh`)
+            return None
+        uids = frozenset(c.uid for c in ahead)
+        kept = self._ahead_accounts.get(name)
+        if kept is not None and kept[0] == uids:
+            return kept[1]
+        account = self._work_out(name, more=ahead)
+        if account is not None:
+            self._ahead_accounts[name] = (uids, account)
+        return account
 
     def history(self, name: str) -> History:
         """The node's departures the extender has seen, and since when it has seen all."""
@@ -631,13 +683,13 @@ class ClusterState:
                 return Fit(False, f"node {node} is not in the extender's cache")
             if _room_with(account, claim):
                 return Fit(True)
-            return self.fit(claim, node, without=claim.uid)
+            return self.fit(claim, node, without=claim.uid, nominated=False)
         if holds and not also:
             elsewhere = ", ".join(sorted(holds))
             return Fit(False, f"pod {claim.key} may already be bound to {elsewhere}")
         if self.account(node) is None:
             return Fit(False, f"node {node} is not in the extender's cache")
-        verdict = self.fit(claim, node)
+        verdict = self.fit(claim, node, nominated=False)
         if verdict.fits:
             self._hold(claim, node)
         return verdict
@@ -757,6 +809,11 @@ class ClusterState:
 
     def _drop(self, uid: str, *, keep_pending: bool = False, linger: float = 0.0) -> None:
         old = self.pods.pop(uid, None)
+        if old is not None and old.nominated and not old.node:
+            on_node = self.nominated.get(old.nominated, {})
+            on_node.pop(uid, None)
+            if not on_node:
+                self.nominated.pop(old.nominated, None)
         if old is not None and old.node:
             if not keep_pending:
                 self.on_room(old.node)
@@ -847,6 +904,7 @@ class ClusterState:
             self._numa_seen.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
+        self._ahead_accounts.pop(node, None)
         self._trials.pop(node, None)
         self.shared_headroom.pop(node, None)
         self.shared_room.pop(node, None)
@@ -867,6 +925,18 @@ def _room_with(account: NodeAccount, claim: PodClaim) -> bool:
         if slices is None or slices.used > slices.capacity:
             return False
     return True
+
+
+def _kept_for(verdict: Fit, ahead: list[PodClaim]) -> Fit:
+    """``verdict``, its refusal naming the nominated pods ``ahead`` it counted."""
+    if verdict.fits or not ahead:
+        return verdict
+    named = ", ".join(f"{c.key} (priority {c.priority})" for c in ahead)
+    return Fit(
+        False,
+        f"{verdict.reason}; counting {named}, nominated to this node by kube-scheduler's "
+        "preemption, whose room is kept for pods of priority no lower than this one's",
+    )
 
 
 def _trial_fit(claim: PodClaim, verdict: Fit, trial: NodeAccount | None) -> Fit:

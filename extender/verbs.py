@@ -161,6 +161,8 @@ class Extender:
                     failed[name] = verdict.reason
             if claim.shared > 1:
                 passed = self._with_replicas(args, claim, passed, failed)
+        if state.nominated:
+            passed, failed = self._nominated_room(claim, passed, failed)
         if claim.uid in self.state.assumed:
             # Copies: the verdict cache may hand out its own lists.
             passed, failed = list(passed), dict(failed)
@@ -206,6 +208,28 @@ class Extender:
             else:
                 failed[name] = verdict.reason
         return kept
+
+    def _nominated_room(
+        self, claim: PodClaim, passed: list[str], failed: dict[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """``passed`` less the nodes where the pods kube-scheduler's preemption nominated
+        there ahead of this one leave it no room (:meth:`ClusterState.ahead`), refused.
+
+        kube-scheduler keeps a preemptor's room from pods of no higher priority by its
+        own plugins only, by node-level resources: on a node of several GPUs another
+        pod could take the GPU the victims freed, and the preemptor would preempt again
+        (its victims, then the pod that took their room, ...). Copies: the verdict
+        cache may hand out its own lists."""
+        state = self.state
+        refused = {}
+        for name in passed:
+            if state.ahead(claim, name):
+                verdict = state.fit(claim, name)
+                if not verdict.fits:
+                    refused[name] = verdict.reason
+        if not refused:
+            return passed, failed
+        return [name for name in passed if name not in refused], {**failed, **refused}
 
     def _chosen(self, claim: PodClaim, passed: list[str]) -> str:
         """The node of ``passed`` the prioritize verb would score highest, exactly.
