@@ -37,6 +37,21 @@ class ApiCalls(Rest):
 
 
 def api_binder(calls: Rest) -> Binder:
+    """Binds through ``pods/binding``, each bounded on the apiserver too by its ``timeout``
+    query parameter, the client's own timeout.
+
+    A POST the client gave up on is not abandoned by kube-apiserver: API Priority and
+    Fairness queues it before anything reads its body, and Go's HTTP server notices a
+    hung-up client only once the body is read, so it stays queued for a quarter of
+    its deadline (15 s of the default 60 s: ``getRequestWaitContext``) and is then
+    stored -- after the extender's read ``verify_after`` (10 s) later found the pod
+    unbound and let go of its charge. With ``timeout`` the deadline starts when the
+    apiserver received the request (``WithRequestDeadline``): queued, it is refused
+    (429) within a quarter of it, and no write of it starts after it.
+    """
+    seconds = calls.timeout.total or REQUEST_TIMEOUT_SECONDS
+    query = f"?timeout={max(seconds, 0.001):g}s"
+
     async def bind(namespace: str, name: str, uid: str, node: str) -> None:
         metadata: dict[str, str] = {"name": name, "namespace": namespace}
         if uid:
@@ -49,7 +64,7 @@ def api_binder(calls: Rest) -> Binder:
         }
         try:
             answer = await calls.request(
-                "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body
+                "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding{query}", body
             )
         except Unreachable as err:
             raise BindError(f"apiserver unreachable: {err}", uncertain=err.sent) from err

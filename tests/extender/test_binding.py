@@ -99,6 +99,25 @@ async def test_binding_is_created_with_the_node_as_target(
     assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-b"}
 
 
+async def test_the_apiserver_is_told_the_binding_timeout_too(calls: Calls) -> None:
+    # kube-apiserver keeps a POST its client gave up on queued (API Priority and
+    # Fairness) and then stores it, unless the request's own deadline says otherwise
+    # (tests/e2e/test_bind_queued.py).
+    queries: list[dict[str, str]] = []
+
+    async def binding(request: web.Request) -> web.Response:
+        queries.append(dict(request.query))
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+    app = web.Application()
+    app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
+    async with TestServer(app, host="127.0.0.1") as server:
+        host = str(server.make_url("")).rstrip("/")
+        await api_binder(calls(host))("research", "p", "uid-1", "gpu-b")
+        await api_binder(calls(host, timeout=2.5))("research", "p", "uid-1", "gpu-b")
+    assert queries == [{"timeout": f"{REQUEST_TIMEOUT_SECONDS:g}s"}, {"timeout": "2.5s"}]
+
+
 async def test_conflict_becomes_a_bind_error_with_the_apiserver_message(
     apiserver: tuple[str, Seen], calls: Calls
 ) -> None:
