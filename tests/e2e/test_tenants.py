@@ -22,6 +22,7 @@ from tests.e2e.workloads import (
     GIB,
     eventually,
     failed_scheduling,
+    gpu_container,
     gpu_deployment,
     gpu_pod,
     legacy_pod,
@@ -347,6 +348,39 @@ def test_quota_on_gpu_memory_and_a_warning_for_a_bypassed_gpu_quota(
     assert f"requests.{names.GPU_MEMORY}" in outcomes[2][1], outcomes[2][1]
     # The rewrite took these pods out of requests.nvidia.com/gpu; kubectl says so.
     assert "ResourceQuota gpu limits nvidia.com/gpu" in outcomes[0][1], outcomes[0][1]
+
+
+def test_a_bypassed_gpu_quota_is_warned_for_init_containers_and_mig_slices(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # The webhook takes nvidia.com/gpu out of init containers too (to
+    # nvidia.com/gpu.shared), and out of every container under a MIG policy (to
+    # nvidia.com/mig-<profile>): a quota on requests.nvidia.com/gpu counts neither.
+    shared, mig = namespace("gpu-shared"), namespace("gpu-mig")
+    for ns in (shared, mig):
+        quota = {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpu", "namespace": ns},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "1"}},
+        }
+        cluster.apply([quota])
+
+        def counted(ns: str = ns) -> bool:
+            return bool(cluster.kubectl_json("get", "resourcequota", "gpu", "-n", ns).get("status"))
+
+        eventually(f"the quota in {ns} to be counted", counted)
+    setup = gpu_pod(shared, "setup", memory="4Gi")
+    setup["spec"]["initContainers"] = [gpu_container("warm-up")]
+    setup["spec"]["containers"] = [{"name": "main", "image": "registry.example/app:1"}]
+    code, out = create(cluster, setup)
+    assert code == 0, out
+    assert "ResourceQuota gpu limits nvidia.com/gpu" in out, out
+    assert "nvidia.com/gpu.shared" in out, out
+    code, out = create(cluster, gpu_pod(mig, "inference", memory="8Gi"))
+    assert code == 0, out
+    assert "ResourceQuota gpu limits nvidia.com/gpu" in out, out
+    assert "requests.nvidia.com/mig-" in out, out
 
 
 def test_an_agent_may_write_only_its_own_nodes_report(cluster: Cluster) -> None:
