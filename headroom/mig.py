@@ -138,20 +138,16 @@ class MigOffer:
 
     @classmethod
     def from_nodes(cls, nodes: Iterable[Mapping[str, Any]]) -> "MigOffer":
-        """From Node objects as JSON dicts; malformed parts of a node are skipped."""
+        """From Node objects as JSON dicts; malformed parts of a node are skipped.
+
+        A profile's memory is the least any node offering it gives it (its label,
+        else the table): one name can have several sizes (DESIGN.md §7), and the pod
+        may be placed on any of those nodes' slices."""
         instances: dict[str, int] = {}
         memory: dict[str, int] = {}
         for node in nodes:
             metadata = _mapping(node, "metadata")
-            for resource, amount in _mapping(_mapping(node, "status"), "capacity").items():
-                # A time-sliced slice (``nvidia.com/mig-1g.10gb.shared``) is no profile
-                # to place a pod on: the pods sharing it share its memory.
-                if is_time_sliced(resource):
-                    continue
-                name = profile_from_resource(resource)
-                count = _whole(amount)
-                if name is not None and count:
-                    instances[name] = instances.get(name, 0) + count
+            labelled: dict[str, int] = {}
             for key, value in _mapping(metadata, "labels").items():
                 match = _LABEL.match(key)
                 name = (
@@ -161,10 +157,21 @@ class MigOffer:
                 )
                 mib = _whole(value)
                 if match and name and match["attr"] == "memory" and mib:
-                    memory[name] = mib
+                    labelled[name] = mib
+            for resource, amount in _mapping(_mapping(node, "status"), "capacity").items():
+                # A time-sliced slice (``nvidia.com/mig-1g.10gb.shared``) is no profile
+                # to place a pod on: the pods sharing it share its memory.
+                if is_time_sliced(resource):
+                    continue
+                name = profile_from_resource(resource)
+                count = _whole(amount)
+                if name is not None and count:
+                    instances[name] = instances.get(name, 0) + count
+                    mib = labelled.get(name) or memory_mib(name)
+                    memory[name] = min(memory.get(name, mib), mib)
         return cls(
             {
-                name: OfferedProfile(name, memory.get(name) or memory_mib(name), count)
+                name: OfferedProfile(name, memory[name], count)
                 for name, count in sorted(instances.items())
             }
         )

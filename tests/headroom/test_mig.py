@@ -174,3 +174,33 @@ def test_choice_refuses_with_declared_and_largest() -> None:
     choice = choose_profile(41 * GIB, allowed=["1g.5gb", "7g.40gb"], fallback="larger", offer=None)
     assert choice.profile is None
     assert choice.reason == "no allowed MIG profile has 41Gi (largest: 7g.40gb, 40192Mi)"
+
+
+def test_offer_takes_the_smallest_memory_the_nodes_give_one_profile() -> None:
+    # A review's case: one name, two sizes (DESIGN.md §7: an H100-80GB's 1g.10gb is
+    # 9,984 MiB on recent drivers, an A100's 9,856). The offer kept the last node's
+    # label, so a pod declaring 9,900 MiB was given 1g.10gb and could be placed on
+    # the A100's slice, which cannot hold its declaration.
+    def node(name: str, mib: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": name, "labels": {"nvidia.com/mig-1g.10gb.memory": mib}},
+            "status": {"capacity": {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-3g.40gb": "1"}},
+        }
+
+    for nodes in (
+        [node("a100", "9856"), node("h100", "9984")],
+        [node("h100", "9984"), node("a100", "9856")],
+    ):
+        offer = MigOffer.from_nodes(nodes)
+        assert offer.profiles["1g.10gb"].memory_mib == 9856
+        choice = choose_profile(
+            9900 * MIB, allowed=["1g.10gb", "3g.40gb"], fallback="deny", offer=offer
+        )
+        assert choice.profile == "3g.40gb", choice
+    # A node without the label counts with the table's size for it.
+    unlabelled = {
+        "metadata": {"name": "old"},
+        "status": {"capacity": {"nvidia.com/mig-1g.10gb": "4"}},
+    }
+    offer = MigOffer.from_nodes([unlabelled, node("h100", "9984")])
+    assert offer.profiles["1g.10gb"].memory_mib == 9856
