@@ -182,6 +182,12 @@ class MigOffer:
 
 def memory_mib(name: str, offer: MigOffer | None = None) -> int:
     """Advertised memory first, then the table, then a low estimate from the name."""
+    described = described_memory_mib(name, offer)
+    return estimated_memory_mib(name) if described is None else described
+
+
+def described_memory_mib(name: str, offer: MigOffer | None = None) -> int | None:
+    """Advertised memory first, then the table; None for a profile neither describes."""
     if offer is not None and name in offer.profiles:
         return offer.profiles[name].memory_mib
     if name in KNOWN_PROFILES:
@@ -190,7 +196,7 @@ def memory_mib(name: str, offer: MigOffer | None = None) -> int:
     base = _NAME.sub(r"\g<slices>g.\g<gb>gb", name)
     if base in KNOWN_PROFILES:
         return KNOWN_PROFILES[base].memory_mib
-    return estimated_memory_mib(name)
+    return None
 
 
 def _mapping(parent: object, key: str) -> Mapping[str, Any]:

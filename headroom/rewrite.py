@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom import names
-from headroom.mig import MigOffer, choose_profile, profile_from_resource
+from headroom.mig import MigOffer, choose_profile, described_memory_mib, profile_from_resource
 from headroom.podspec import (
     Container,
     GPURequest,
@@ -91,6 +91,12 @@ class Declarations:
             )
         self._within_limit(placed_label, declared)
         return declared
+
+    def source(self, container: Container) -> str | None:
+        """The annotation :meth:`of` reads for ``container``; None for the policy default."""
+        if container.name in self.per_container:
+            return names.ANNOTATION_GPU_MEMORY_CONTAINER_PREFIX + container.name
+        return names.ANNOTATION_GPU_MEMORY if self.pod_level is not None else None
 
     def check_unplaced(self, container: Container) -> None:
         """Raise Denied for a container that asks for no GPU yet declares memory wrongly.
@@ -226,7 +232,13 @@ class Rewrite:
                     f"{label} asks for {resource}; policy {policy.name} allows "
                     f"only {', '.join(allowed)}"
                 )
-            return Placed(request, resource, "mig", declared.of(label, request.container))
+            memory = declared.of(label, request.container)
+            return Placed(
+                request,
+                resource,
+                "mig",
+                self._within_slice(label, resource, memory, declared, request.container),
+            )
         if spec.mode in ("shared", "mig") and count > 1:
             # A CUDA process sees one MIG device and MIG slices have no peer-to-peer,
             # and a shared request above 1 fails on the node: N GPUs stay N whole GPUs.
@@ -263,6 +275,29 @@ class Rewrite:
                 request, names.GPU_SHARED, "shared", declared.of(label, request.container)
             )
         return Placed(request, resource, "exclusive")
+
+    def _within_slice(
+        self, label: str, resource: str, memory: int, declared: Declarations, container: Container
+    ) -> int:
+        """The declaration of a container that asks for a MIG slice itself: refused where
+        an annotation declares more than the slice holds; the policy's default (which
+        sizes ``nvidia.com/gpu``) is cut to the slice. A profile neither the nodes nor
+        the table describe is not guessed at."""
+        slice_mib = described_memory_mib(_profile(resource), self.offer)
+        if slice_mib is None or memory <= slice_mib * MIB or declared_memory(container):
+            return memory  # (a declared resource beside a slice is refused: _stray_memory)
+        key = declared.source(container)
+        if key is not None:
+            raise Denied(
+                f"{label}: annotation {key} declares {format_bytes(memory)}, but "
+                f"{resource} holds {slice_mib}Mi: declare at most that, or ask for a "
+                "larger slice"
+            )
+        self.notes.append(
+            f"{label}: declares {slice_mib}Mi, all {resource} holds "
+            f"(defaultMemory {declared.spec.default_memory} is more)"
+        )
+        return slice_mib * MIB
 
     def _set_resource(self, item: Placed) -> None:
         old, new, count = item.request.resource, item.resource, item.request.count

@@ -213,3 +213,51 @@ def test_declared_memory_resource_on_a_container_not_given_a_shared_gpu_is_denie
     assert decision.patch == []
     assert "spec.containers[0].resources.limits[headroom.dev/gpu-memory]" in decision.message
     assert given in decision.message
+
+
+@pytest.mark.parametrize(
+    "policy", [mig_policy(maxMemory="80Gi"), make_policy("s", defaultMemory="4Gi")]
+)
+def test_an_explicit_slice_smaller_than_the_declaration_is_denied(policy: Any) -> None:
+    # A review's case: a pod asking nvidia.com/mig-1g.5gb (4864Mi) and declaring 20Gi
+    # was admitted with "20Gi GPU memory declared" on a slice that cannot hold it,
+    # where the same declaration on nvidia.com/gpu is sized to a slice that does.
+    pod = gpu_pod({"nvidia.com/mig-1g.5gb": "1"}, annotations={"headroom.dev/gpu-memory": "20Gi"})
+    decision = run(pod, policy)
+    assert (decision.allowed, decision.patch) == (False, [])
+    assert "annotation headroom.dev/gpu-memory declares 20Gi" in decision.message
+    assert "nvidia.com/mig-1g.5gb holds 4864Mi" in decision.message
+    # The node's own size of the slice counts: one that advertises it larger passes.
+    offer = MigOffer.from_nodes(
+        [
+            {
+                "metadata": {"labels": {"nvidia.com/mig-1g.5gb.memory": "5120"}},
+                "status": {"capacity": {"nvidia.com/mig-1g.5gb": "7"}},
+            }
+        ]
+    )
+    pod = gpu_pod({"nvidia.com/mig-1g.5gb": "1"}, annotations={"headroom.dev/gpu-memory": "5Gi"})
+    assert run(pod, policy).allowed is False
+    assert run(pod, policy, offer=offer).allowed is True
+
+
+def test_an_explicit_slice_smaller_than_the_default_declares_the_slice() -> None:
+    # The pod declares nothing; the policy's default (for sizing nvidia.com/gpu) is more
+    # than the slice it asked for: the slice is what it may hold, and is recorded.
+    pod = gpu_pod({"nvidia.com/mig-1g.5gb": "1"})
+    decision = run(pod, mig_policy(defaultMemory="8Gi"))
+    assert decision.allowed, decision.message
+    assert decision.annotations["headroom.dev/declared-memory"] == "4864Mi"
+    assert any("defaultMemory 8Gi" in w for w in decision.warnings), decision.warnings
+    # A profile the table does not know and no node describes is not guessed at.
+    pod = gpu_pod({"nvidia.com/mig-1g.18gb": "1"}, annotations={"headroom.dev/gpu-memory": "17Gi"})
+    assert run(pod, make_policy("s", defaultMemory="4Gi")).allowed
+
+
+def test_a_memory_resource_beside_a_small_slice_is_refused_for_the_resource() -> None:
+    resources = {"nvidia.com/mig-1g.5gb": "1", "headroom.dev/gpu-memory": "20Gi"}
+    pod = gpu_pod(resources)
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(resources)
+    decision = run(pod, mig_policy(maxMemory="80Gi"))
+    assert not decision.allowed
+    assert "which goes with nvidia.com/gpu.shared only" in decision.message, decision.message
