@@ -1028,5 +1028,14 @@ def _without(report: ReportStatus | None, gone: Collection[str]) -> ReportStatus
     """``report`` without the memory of the pods ``gone`` hold: evicted, they free it."""
     if report is None or not gone:
         return report
-    gpus = [replace(gpu, pods=[u for u in gpu.pods if u.uid not in gone]) for gpu in report.gpus]
+    gpus = [
+        replace(
+            gpu,
+            pods=[u for u in gpu.pods if u.uid not in gone],
+            mig_devices=[
+                replace(d, pods=[u for u in d.pods if u.uid not in gone]) for d in gpu.mig_devices
+            ],
+        )
+        for gpu in report.gpus
+    ]
     return replace(report, gpus=gpus)

@@ -54,7 +54,13 @@ from typing import Literal
 from headroom.claims import PodClaim
 from headroom.nodes import NodeGPUs
 from headroom.quantity import human_bytes
-from headroom.reports import CONDITION_NVML_AVAILABLE, SCHEMA_VERSION, GPUUsage, ReportStatus
+from headroom.reports import (
+    CONDITION_NVML_AVAILABLE,
+    SCHEMA_VERSION,
+    GPUUsage,
+    PodUsage,
+    ReportStatus,
+)
 from headroom.spread import most_with_gone
 
 Source = Literal["report", "stale-report", "declarations"]
@@ -326,7 +332,7 @@ def _measured(
     known = {c.uid: c for c in claims}
     seen: dict[str, dict[int, int]] = {}
     for gpu in report.gpus:
-        for usage in gpu.pods:
+        for usage in _holders(gpu):
             where = seen.setdefault(usage.uid, {})
             where[gpu.index] = where.get(gpu.index, 0) + usage.used_bytes
     home = {
@@ -388,7 +394,7 @@ def _measured(
         )
         charges[index].extend(capped + held)
     for gpu in report.gpus:
-        for usage in gpu.pods:
+        for usage in _holders(gpu):
             if usage.uid not in known:
                 key = f"{usage.namespace}/{usage.name}" if usage.name else usage.uid
                 used = usage.used_bytes
@@ -405,6 +411,18 @@ def _measured(
         )
         for index in sorted(charges)
     ]
+
+
+def _holders(gpu: GPUUsage) -> list[PodUsage]:
+    """The pods a report shows holding memory on ``gpu``: its own, and those of its MIG
+    devices. Their memory is the GPU's, and the agent does not count it unattributed.
+    A GPU read as shared despite its MIG flag (:func:`_believable`), or the slices the
+    device plugin shares under MIG strategy ``single`` (GFD counts each slice as a
+    GPU), would otherwise charge them nothing for it. Where pods are placed stays the
+    GPU's own pods' (:func:`_placements`)."""
+    if not gpu.mig_devices:
+        return gpu.pods
+    return [*gpu.pods, *(usage for device in gpu.mig_devices for usage in device.pods)]
 
 
 def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> dict[int, int]:
@@ -569,7 +587,7 @@ def _declared_only(
                     report_totals.get(gpu.index, gpu.total_bytes), gpu.total_bytes
                 )
             unattributed[gpu.index] = max(unattributed.get(gpu.index, 0), gpu.unattributed_bytes)
-            for usage in gpu.pods:
+            for usage in _holders(gpu):
                 most_seen[usage.uid] = max(most_seen.get(usage.uid, 0), usage.used_bytes)
                 if usage.uid in known and usage.used_bytes:
                     on_gpu_seen = seen_on.setdefault(gpu.index, {})

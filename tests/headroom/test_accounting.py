@@ -374,3 +374,64 @@ def _report_of(
             given[index].add(uid)
     unattributed_gib = dict.fromkeys(range(gpus), unattributed / GIB)
     return report(usage, age=age, unattributed=unattributed_gib, total=16, allocated=given)
+
+
+def test_memory_pods_hold_in_mig_devices_counts_on_a_gpu_shared_by_slices() -> None:
+    # A review's case: MIG strategy single with time-slicing. The device plugin offers
+    # each 1g.5gb slice as a "GPU" (GFD: nvidia.com/gpu.count 7, gpu.memory 4864,
+    # replicas 2; nvidia.com/gpu.shared 14), so shared pods run on MIG devices, and the
+    # agent reports them, and what they hold, under the GPU's mig_devices. The
+    # accounting read only a GPU's own pods: a pod declaring 1 GiB and holding 4 GiB
+    # of its slice was charged 1 GiB, and a 3 GiB pod fit beside it.
+    from headroom.nodes import parse_node
+    from headroom.reports import MigDeviceUsage
+
+    node = parse_node(
+        {
+            "metadata": {
+                "name": "gpu-a",
+                "labels": {
+                    "nvidia.com/mig.strategy": "single",
+                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED",
+                    "nvidia.com/gpu.count": "7",
+                    "nvidia.com/gpu.replicas": "2",
+                    "nvidia.com/gpu.memory": "4864",
+                    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                },
+            },
+            "status": {"capacity": {"nvidia.com/gpu.shared": "14"}},
+        }
+    )
+    slices = [
+        MigDeviceUsage(
+            uuid=f"MIG-{i}",
+            profile="1g.5gb",
+            total_bytes=4864 * 2**20,
+            used_bytes=4 * GIB if i == 0 else 0,
+            pods=[PodUsage(uid="leaky", used_bytes=4 * GIB, allocated=True)] if i == 0 else [],
+        )
+        for i in range(7)
+    ]
+    gpu = GPUUsage(
+        index=0,
+        uuid="GPU-0",
+        product="NVIDIA A100-SXM4-40GB",
+        total_bytes=40 * GIB,
+        used_bytes=4 * GIB,
+        free_bytes=36 * GIB,
+        mig_enabled=True,
+        mig_devices=slices,
+    )
+    status = ReportStatus(
+        node_name="gpu-a",
+        backend="nvml",
+        observed_at=datetime.fromtimestamp(NOW - 1, UTC),
+        gpus=[gpu],
+    )
+    claims = [pod("leaky", 1)]
+    result = account(node, claims, status)
+    verdict = fit(result, pod("new", 3))
+    assert not verdict.fits, result
+    # A stale report, and the last good one, keep what it was seen to hold too.
+    stale = replace(status, observed_at=datetime.fromtimestamp(NOW - 1000, UTC))
+    assert not fit(account(node, claims, stale), pod("new", 3)).fits
