@@ -335,13 +335,17 @@ def _measured(
         for usage in _holders(gpu):
             where = seen.setdefault(usage.uid, {})
             where[gpu.index] = where.get(gpu.index, 0) + usage.used_bytes
+    shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
+    # The device plugin hands no replica of a GPU in MIG mode: a pod the report places
+    # on one (its flag or the placement is wrong) is not located, and so is charged on
+    # the shared GPUs, not kept off every GPU a newcomer is checked against.
+    sharing = set(shared_indices)
     home = {
         uid: index
         for uid, index in homes(report).items()
-        if uid in known and known[uid].shared == 1
+        if uid in known and known[uid].shared == 1 and index in sharing
     }
     located = set(home)
-    shared_indices = [i for i in indices if not (i in reported and reported[i].mig_enabled)]
 
     def total(index: int) -> int:
         usage = reported.get(index)

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extender.state import ClusterState
+from headroom import names
 from headroom.claims import parse_claim
 from headroom.reports import (
     CONDITION_NVML_AVAILABLE,
@@ -530,3 +531,36 @@ def test_a_gpu_the_device_plugin_shares_is_not_taken_out_of_the_fit_by_a_mig_fla
     assert account is not None
     assert [g.index for g in account.gpus if g.shared] == [0, 1]
     assert "MIG mode" in account.note
+
+
+def test_a_mig_flag_on_a_mixed_node_takes_no_located_shared_pod_out_of_the_fit() -> None:
+    # A mixed node (MIG strategy mixed): GPU 0 in MIG mode (7 x 1g.5gb), GPU 1
+    # time-sliced (4 replicas of nvidia.com/gpu.shared). A 30 GiB pod kubelet gave a
+    # replica of GPU 1. A report swapping the MIG flags (GPU 0 shared, GPU 1 in MIG
+    # mode) kept the pod located on GPU 1, which no newcomer is checked against: a
+    # second 30 GiB pod fitted "GPU 0", and the device plugin, which shares GPU 1
+    # only, gave it GPU 1: 60 GiB declared on a 40 GiB GPU. The device plugin hands
+    # no replica of a GPU in MIG mode, so such a pod is read as not located.
+    node = gpu_node("gpu-a", gpus=2, mig={"1g.5gb": 7})
+    node["status"]["capacity"][names.GPU_SHARED] = "4"
+    node["status"]["allocatable"][names.GPU_SHARED] = "4"
+    a = gpu_pod("a", node="gpu-a", declared="30Gi", phase="Running")
+    state, _ = state_with(node, a)
+    status = parse_report(gpu_report("gpu-a", {0: {}, 1: {}}))
+    located = PodUsage(uid=uid_of(a), used_bytes=0, allocated=True)
+    honest = replace(
+        status,
+        gpus=[replace(status.gpus[0], mig_enabled=True), replace(status.gpus[1], pods=[located])],
+    )
+    newcomer = parse_claim(gpu_pod("c", declared="30Gi"))
+    state.on_report("ADDED", report_object(honest))
+    assert not state.fit(newcomer, "gpu-a").fits
+    swapped = replace(
+        honest,
+        gpus=[
+            replace(honest.gpus[0], mig_enabled=False),
+            replace(honest.gpus[1], mig_enabled=True),
+        ],
+    )
+    state.on_report("MODIFIED", report_object(swapped))
+    assert not state.fit(newcomer, "gpu-a").fits
