@@ -39,6 +39,12 @@ class Limits:
     timeoutSeconds is 5, after which the apiserver has given up anyway."""
     handshake_timeout: float = 5.0
     """For the TLS handshake (asyncio's default is 60 s)."""
+    write_timeout: float = 5.0
+    """How long an answer may wait for the client to read it (its write buffer
+    full). aiohttp waits for the buffer to drain with no deadline, and no other
+    timer runs meanwhile: a client that pipelines requests and reads none of the
+    answers held ~1.25 MiB for ever. kube-apiserver reads an answer at once, or
+    has given up on it after timeoutSeconds (5)."""
 
 
 MAX_LARGE_IN_FLIGHT = 2

@@ -10,7 +10,9 @@
 - it gives a request ``header_timeout`` from its first byte (from the end of
   the handshake, for a connection's first request) to its complete headers,
   and ``body_timeout`` from there to its complete body, and aborts the
-  connection past either (Go's ReadHeaderTimeout and ReadTimeout). aiohttp
+  connection past either (Go's ReadHeaderTimeout and ReadTimeout); and it
+  aborts a connection whose answer waits ``write_timeout`` for the client to
+  read it (its write buffer full: aiohttp waits for it to drain for ever). aiohttp
   3.14 has no such deadline: its keep-alive timer runs only while no request
   is being read, and a partial header does not stop it -- a header sent a byte
   a second lived for the whole keep-alive. So a small protocol between the TLS
@@ -56,7 +58,8 @@ class ConnectionMetrics:
         )
         self.closed = Counter(
             "headroom_webhook_connections_closed_total",
-            "Connections the webhook closed, by reason (over-cap, header-timeout, body-timeout).",
+            "Connections the webhook closed, by reason "
+            "(over-cap, header-timeout, body-timeout, write-timeout).",
             ["reason"],
             registry=registry,
         )
@@ -188,6 +191,8 @@ class _Guard(asyncio.Protocol):
         self._site = site
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        """Armed while the write buffer is full (between pause_ and resume_writing)."""
         self._request: web.BaseRequest | None = None
         """Set while the handler runs, that is once the headers are in."""
 
@@ -208,15 +213,33 @@ class _Guard(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        self._disarm_write()
         self._site._guards.pop(self._handler, None)
         self._request = None
         self._handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        self._disarm_write()
+        self._write_timer = asyncio.get_running_loop().call_later(
+            self._site._limits.write_timeout, self._write_deadline
+        )
         self._handler.pause_writing()
 
     def resume_writing(self) -> None:
+        self._disarm_write()
         self._handler.resume_writing()
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_deadline(self) -> None:
+        self._write_timer = None
+        self._site._metrics.closed.labels("write-timeout").inc()
+        log.info("closing %s: answers not read", self._peer())
+        if self._transport is not None:
+            self._transport.abort()
 
     def reading_body(self, request: web.BaseRequest) -> None:
         self._request = request
@@ -244,8 +267,11 @@ class _Guard(asyncio.Protocol):
         self._site._metrics.closed.labels(reason).inc()
         log.info(
             "closing %s: %s",
-            self._transport.get_extra_info("peername") if self._transport else "connection",
+            self._peer(),
             "headers too slow" if request is None else "body too slow",
         )
         if self._transport is not None:
             self._transport.abort()
+
+    def _peer(self) -> object:
+        return self._transport.get_extra_info("peername") if self._transport else "connection"

@@ -42,6 +42,7 @@ FAST = Limits(
     header_timeout=0.6,
     body_timeout=0.6,
     handshake_timeout=1.0,
+    write_timeout=0.6,
 )
 """Deadlines short enough for a unit test; the defaults are in README."""
 PATIENT = Limits(**{**FAST.__dict__, "keepalive_timeout": 30.0})
@@ -558,3 +559,39 @@ async def test_a_pod_of_few_containers_but_a_large_body_is_decided_off_the_event
     verdict = await large
     off_loop.close()
     assert verdict.outcome == "mutated"
+
+
+async def test_a_client_that_never_reads_its_answers_is_cut_off(serve: ServerFactory) -> None:
+    # Requests pipelined and their answers never read: aiohttp waits for the write
+    # buffer to drain with no deadline, and neither the keep-alive nor the header or
+    # body deadline runs meanwhile. Measured: ~1.25 MiB held a connection, for ever
+    # (40 of them: +51 MiB RSS), so the 511 the cap lets in would pass the 256Mi limit.
+    webhook = await serve(PATIENT)
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", webhook.site.port))
+    raw.setblocking(False)
+    _, writer = await asyncio.open_connection(
+        sock=raw, ssl=client_context(webhook.ca_file), server_hostname="127.0.0.1"
+    )
+    body = review_bytes("deployment-pod-shared")
+    head = f"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: {len(body)}\r\n\r\n"
+
+    async def pipeline() -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, RuntimeError):
+            while True:
+                writer.write((head.encode() + body) * 10)
+                await writer.drain()
+
+    sending = asyncio.create_task(pipeline())
+    await until(lambda: webhook.site.open_connections == 1)
+    started = time.monotonic()
+    for _ in range(int((PATIENT.write_timeout + 4) / 0.05)):
+        if webhook.site.open_connections == 0:
+            break
+        await asyncio.sleep(0.05)
+    held = time.monotonic() - started
+    sending.cancel()
+    writer.transport.abort()
+
+    assert webhook.site.open_connections == 0, f"still open after {held:.1f}s"
