@@ -128,12 +128,22 @@ async def _busy(request: web.Request, metrics: WebhookMetrics) -> web.Response:
             break
         head += chunk
     metrics.observe("busy", "", 0.0)
-    match = _UID.search(head)
-    if match is None:
+    uid = _head_uid(head)
+    if uid is None:
         body = status_body(429, "TooManyRequests", BUSY_MESSAGE)
         return web.Response(status=429, body=body, content_type=JSON)
-    denial = AdmissionResponse.deny(match[1].decode(), 429, BUSY_MESSAGE)
+    denial = AdmissionResponse.deny(uid, 429, BUSY_MESSAGE)
     return web.Response(body=response_body(denial), content_type=JSON)
+
+
+def _head_uid(head: bytes) -> str | None:
+    """The first uid in the head of a body; None if there is none, or it is not
+    UTF-8 (kube-apiserver's never is: its encoder writes valid UTF-8 only)."""
+    match = _UID.search(head)
+    try:
+        return match[1].decode() if match is not None else None
+    except UnicodeDecodeError:
+        return None
 
 
 class _Endpoints:

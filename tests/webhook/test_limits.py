@@ -654,3 +654,30 @@ async def test_a_large_review_without_a_plain_length_counts_as_large(
     assert (await holding)["response"]["allowed"] is True
     await first.close()
     await second.close()
+
+
+async def test_a_busy_answer_to_a_uid_that_is_not_utf8_is_not_a_500(serve: ServerFactory) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    cache = fed_cache()
+    real = reviewer(cache, Admission(cache))
+
+    async def slow(request: AdmissionRequest) -> Verdict:
+        entered.set()
+        await release.wait()
+        return await real(request)
+
+    webhook = await serve(PATIENT, review=slow, in_flight=InFlight(1))
+    first, second = await webhook.connect(), await webhook.connect()
+    held = asyncio.create_task(admit(first))
+    await entered.wait()
+    try:
+        status, answer = await second.mutate(b'{"request": {"uid": "\xff\xfe"}}')
+    finally:
+        release.set()
+
+    assert status == 429
+    assert answer["reason"] == "TooManyRequests"
+    assert (await held)["allowed"] is True
+    await first.close()
+    await second.close()
