@@ -35,6 +35,9 @@ well inside the apiserver's default webhook timeout of 10 s."""
 NAMESPACE_MISS_SECONDS = 5.0
 """How long a namespace that could not be read is not asked for again. Short:
 a namespace created a moment later must not wait long for its first pod."""
+MISSES_KEPT = 1024
+"""Past this many remembered misses, the expired ones are dropped: reviews naming
+a new made-up namespace each (a client other than the apiserver) grew them for good."""
 
 Object = dict[str, Any]
 
@@ -125,7 +128,12 @@ class ClusterCache:
         except Exception as err:
             log.warning("namespace %s: cannot read its labels: %s", name, err)
             if name not in self._labels:
-                self._misses[name] = self._clock()
+                now = self._clock()
+                if len(self._misses) >= MISSES_KEPT:
+                    self._misses = {
+                        n: t for n, t in self._misses.items() if now - t < NAMESPACE_MISS_SECONDS
+                    }
+                self._misses[name] = now
             raise LookupError(_unreadable(name)) from err
         fetched = _labels_of(namespace if isinstance(namespace, dict) else {})
         if name not in self._labels:

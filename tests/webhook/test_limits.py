@@ -28,7 +28,7 @@ from kube.rest import Answer, Rest
 from tests.webhook.reviews import fed_cache, review_bytes, review_json
 from tests.webhook.test_tls_server import Connection, client_context, generate
 from webhook.admission import Admission
-from webhook.cache import NAMESPACE_MISS_SECONDS, ClusterCache
+from webhook.cache import MISSES_KEPT, NAMESPACE_MISS_SECONDS, ClusterCache
 from webhook.limits import InFlight, Limits, OffLoop
 from webhook.metrics import WebhookMetrics
 from webhook.review import MAX_WARNINGS, AdmissionRequest, Verdict, parse_request
@@ -311,6 +311,25 @@ async def test_a_flood_for_an_unknown_namespace_costs_one_read_per_period() -> N
     for err in [*flood, *again]:
         assert isinstance(err, LookupError)
         assert str(err) == "namespace ghost: the headroom webhook cannot read its labels yet; retry"
+
+
+async def test_misses_of_made_up_namespaces_do_not_pile_up() -> None:
+    # Reviews sent to the port directly, each naming a namespace nobody made: every
+    # miss was remembered for good (a review's case).
+    now = [1000.0]
+    cache = ClusterCache(watch_nodes=False, clock=lambda: now[0])
+    cache._rest = FastMissRest().as_rest()
+    for n in range(3 * MISSES_KEPT):
+        with pytest.raises(LookupError):
+            await cache.labels_for(f"ghost-{n}")
+        now[0] += NAMESPACE_MISS_SECONDS / 100
+    assert len(cache._misses) <= MISSES_KEPT
+
+
+class FastMissRest(CountingRest):
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Answer:
+        self.reads += 1
+        return Answer(404, b'{"kind":"Status","code":404}')
 
 
 async def test_the_watch_ends_a_remembered_miss() -> None:
