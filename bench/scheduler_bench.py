@@ -35,10 +35,16 @@ which passes every full node on its way to the feasible ones it looks for.
 "Fits by memory" is the bound a perfect packer reaches: per GPU
 ``min(replicas, floor((memory - margin) / declared))`` pods. The over-commit
 check is computed from the pods actually bound (never from Headroom's own
-state): per node, Σ declared of its bound pods against Σ over its GPUs of
-(memory - margin), and pods against slots. With one GPU per node this is the
-per-GPU check; with several, the node-level sum is the part that can be
-checked without an agent locating pods (these nodes run none).
+state): these nodes run no agent and no device plugin, so each node's bound
+pods are dealt out to its GPUs as the NVIDIA device plugin's ``distributed``
+policy would, in bind order (:func:`overcommitted`), and each GPU's Σ declared
+is held against its memory - margin; pods against the node's slots.
+kube-scheduler itself caps a node at its slots and at its advertised
+``headroom.dev/gpu-memory``: where those caps already keep every GPU within
+its memory (1-GPU nodes; 8Gi pods with 4 replicas on any node), the check
+cannot find anything, and ``overcommit_possible`` in the JSON is false. It
+tests the extender's per-GPU accounting on multi-GPU nodes whose memory binds
+before their slots, e.g. ``--gpus-per-node 8 --replicas 8``.
 
 Prints a table, then one JSON object on its last line. Run:
 ``.venv/bin/python bench/scheduler_bench.py --nodes 300 --gpus-per-node 1 --pods 1000``.
@@ -327,6 +333,22 @@ def fit_bound(node_count: int, gpus: int, replicas: int, memory: int, margin: in
     return node_count * gpus * per_gpu
 
 
+def overcommit_possible(gpus: int, replicas: int, memory: int, margin: int) -> bool:
+    """Whether a GPU can be over-committed at all past kube-scheduler's own node checks.
+
+    kube-scheduler admits at most a node's ``nvidia.com/gpu.shared`` slots and its
+    advertised ``headroom.dev/gpu-memory`` (Σ over its GPUs of memory - margin) of
+    pods. Dealt out as :func:`overcommitted` deals them, the busiest GPU then holds
+    ``ceil(most / gpus)``. Where that fits the GPU (always on a 1-GPU node; with 8Gi
+    pods and 4 replicas on any node), ``overcommitted_gpus`` is 0 whatever the
+    extender does, and says nothing about its per-GPU accounting.
+    """
+    per_gpu = A100_MIB * MIB - margin
+    most = min(gpus * replicas, gpus * per_gpu // memory)
+    busiest = -(-most // gpus)
+    return busiest * memory > per_gpu
+
+
 def clear(cluster: Cluster, namespace: str) -> None:
     """Delete every pod of ``namespace`` and wait until the apiserver has none left.
 
@@ -575,6 +597,11 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         "fit_bound": fits,
         "fit_fraction": round(bound_least / fits, 3) if fits else 0.0,
         "overcommitted_gpus": max(r["overcommitted_gpus"] for r in headroom_rounds),
+        # False: kube-scheduler's slots and node-level memory alone keep every GPU
+        # within its memory in this shape, so the 0 above tests nothing of Headroom's.
+        "overcommit_possible": overcommit_possible(
+            args.gpus_per_node, args.replicas, memory, margin
+        ),
         "over_slots_nodes": max(r["over_slots_nodes"] for r in headroom_rounds),
         # CPU the whole cluster spent per bound pod, in the median round: the cost
         # a CPU-bound machine turns into the rate, less noisy than the rate.
@@ -606,12 +633,16 @@ def _assumed_and_charged(cluster: Cluster) -> int:
     return len(state["assumed"]) + int(charged)
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=300)
-    parser.add_argument("--gpus-per-node", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=300, help="KWOK GPU nodes (default 300)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=1, help="A100-40GB GPUs per node (default 1)"
+    )
     parser.add_argument("--replicas", type=int, default=4, help="time-slicing replicas per GPU")
-    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument(
+        "--pods", type=int, default=1000, help="pods per storm, for each scheduler (default 1000)"
+    )
     parser.add_argument("--memory", default="8Gi", help="GPU memory each pod declares")
     parser.add_argument(
         "--stall", type=float, default=60.0, help="give up after this long with no new binding"
@@ -638,7 +669,11 @@ def main() -> int:
         "that fits (binpack, the shipped gpu-shared policy) or the emptiest (spread, a copy)",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = arguments().parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
     state_dir = workdir / "cluster"
     try:
@@ -653,7 +688,8 @@ def main() -> int:
         f"({result['stock_pods_per_s']} pods/s)\n"
         f"headroom: {result['headroom_bound']}/{result['fit_bound']} that fit bound in "
         f"{result['headroom_seconds']}s ({result['headroom_pods_per_s']} pods/s); "
-        f"ratio {result['ratio']}; over-committed GPUs {result['overcommitted_gpus']}\n"
+        f"ratio {result['ratio']}; over-committed GPUs {result['overcommitted_gpus']}"
+        f"{'' if result['overcommit_possible'] else ' (cannot be otherwise in this shape)'}\n"
         f"first binding to last: stock {result['stock_steady_pods_per_s']} pods/s, "
         f"headroom {result['headroom_steady_pods_per_s']} pods/s; "
         f"ratio {result['steady_ratio']}\n"
