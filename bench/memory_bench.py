@@ -12,7 +12,7 @@ labels and an image list on nodes). No apiserver is needed: the figure is the
 component's own memory.
 The process then reports its resident set (VmRSS) and its peak (VmHWM), the
 figure a container's memory limit kills on, against the limit shipped in
-manifests/ (extender 512Mi, webhook 256Mi). The goal (issue 8) is a peak
+manifests/base, read from there (extender 512Mi, webhook 256Mi). The goal (issue 8) is a peak
 under 25% of the limit.
 
 The *floor* in the same run is the same process after its imports and a
@@ -38,7 +38,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MIB = 2**20
-LIMITS = {"extender": 512 * MIB, "webhook": 256 * MIB}
+CONTAINERS = {
+    "extender": ("manifests/base/scheduler/deployment.yaml", "extender"),
+    "webhook": ("manifests/base/webhook/deployment.yaml", "webhook"),
+}
+"""Where each component's container, and its memory limit, is shipped."""
+
+
+def shipped_limits(root: Path = ROOT) -> dict[str, int]:
+    """Each component's container memory limit as manifests/base sets it, in bytes."""
+    import yaml
+
+    from headroom.quantity import parse_bytes
+
+    limits = {}
+    for component, (path, name) in CONTAINERS.items():
+        document = yaml.safe_load((root / path).read_text())
+        containers = document["spec"]["template"]["spec"]["containers"]
+        (container,) = [c for c in containers if c["name"] == name]
+        limits[component] = parse_bytes(str(container["resources"]["limits"]["memory"]))
+    return limits
+
+
 GPU_POD_EVERY = 4
 """One pod in four asks for a shared GPU; the rest are ordinary CPU pods."""
 
@@ -396,9 +417,13 @@ def measure(component: str, mode: str, pods: int, nodes: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pods", type=int, default=20000)
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--child", nargs=2, metavar=("COMPONENT", "MODE"))
+    parser.add_argument(
+        "--pods", type=int, default=20000, help="pods, one in four shared GPU (default 20000)"
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=5000, help="eight-GPU nodes, with reports (default 5000)"
+    )
+    parser.add_argument("--child", nargs=2, metavar=("COMPONENT", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         component, mode = args.child
@@ -407,7 +432,8 @@ def main() -> None:
     summary: dict[str, Any] = {"pods": args.pods, "nodes": args.nodes}
     header = ("component", "mode", "RSS MiB", "peak MiB", "limit", "peak/limit")
     print("{:<10} {:<6} {:>8} {:>9} {:>6} {:>10}".format(*header))
-    for component, limit in LIMITS.items():
+    limits = shipped_limits()  # here, not in the measured children
+    for component, limit in limits.items():
         for mode in ("floor", "slim", "whole"):
             print(f"  measuring {component} {mode} ...", file=sys.stderr, flush=True)
             r = measure(component, mode, args.pods, args.nodes)
@@ -420,7 +446,7 @@ def main() -> None:
             summary[f"{component}_{mode}_peak_over_limit"] = round(share, 3)
             if mode == "slim":
                 summary[f"{component}_largest_pages"] = r["pages"]
-    for component in LIMITS:
+    for component in limits:
         floor = summary[f"{component}_floor_peak_mib"]
         slim = summary[f"{component}_slim_peak_mib"] - floor
         whole = summary[f"{component}_whole_peak_mib"] - floor
