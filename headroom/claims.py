@@ -132,6 +132,9 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
     priority = spec.get("priority") or 0
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise PodError("spec.priority: expected an integer")
+    phase = status.get("phase") or ""
+    if not isinstance(phase, str):
+        raise PodError("status.phase: expected a string")
     nominated = status.get("nominatedNodeName") or ""
     if not isinstance(nominated, str):
         raise PodError("status.nominatedNodeName: expected a string")
@@ -167,7 +170,7 @@ def parse_claim(pod: Mapping[str, Any], earlier: PodClaim | None = None) -> PodC
         declared=declared,
         placement=placement,
         scheduler=scheduler,
-        terminated=status.get("phase") in TERMINATED_PHASES,
+        terminated=phase in TERMINATED_PHASES,
         problem=problem,
         too_many=too_many,
         priority=priority,

@@ -422,3 +422,20 @@ async def test_a_count_cut_to_64_bits_elsewhere_is_refused_and_charged_as_the_mo
     assert all(len(gpu.pods) == 1 for gpu in account.gpus)
     h.state.on_pod("DELETED", bound)
     assert len(h.state.departures["gpu-a"]) == 1024
+
+
+@pytest.mark.parametrize(
+    ("verb", "status"), [("filter", 200), ("prioritize", 400), ("preempt", 400)]
+)
+async def test_a_pod_phase_that_is_not_a_string_is_named(
+    harness: Harness, verb: str, status: int
+) -> None:
+    # It was read with ``in`` a set of phases: a list or an object raised TypeError,
+    # answered as an internal error that named no field.
+    pod = gpu_pod("odd", declared="1Gi")
+    pod["status"]["phase"] = ["Pending"]
+    body = {"Pod": pod, "NodeNames": ["gpu-a"], "NodeNameToMetaVictims": {}}
+    got, result = await post(harness, verb, body)
+    assert got == status
+    assert "Pod.status.phase: expected a string" in result["Error"]
+    assert "internal error" not in result["Error"]
