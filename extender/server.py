@@ -96,7 +96,14 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
                 message = f"request body over {max_body} bytes"
                 response, outcome = _error(message, 200 if has_error else 413), "too-large"
             else:
-                response, outcome = await answer(body)
+                try:
+                    response, outcome = await answer(body)
+                except Exception as err:
+                    # As the protocol says errors: filter and bind in their Error field,
+                    # prioritize and preempt by the status alone. A 200 preempt answer
+                    # kube-scheduler reads as "no node can be freed", dropping the Error.
+                    response = _internal(request, err, 200 if has_error else 400)
+                    outcome = "internal-error"
             metrics.requests.labels(name, outcome).inc()
             metrics.latency.labels(name).observe(time.perf_counter() - started)
             return response
@@ -206,8 +213,12 @@ async def _never_500(request: web.Request, handler: Handler) -> web.StreamRespon
     except web.HTTPException:
         raise
     except Exception as err:
-        log.exception("%s %s failed", request.method, request.path)
-        return _error(f"headroom extender internal error: {type(err).__name__}: {err}", 200)
+        return _internal(request, err, 200)
+
+
+def _internal(request: web.Request, err: Exception, status: int) -> web.Response:
+    log.exception("%s %s failed", request.method, request.path, exc_info=err)
+    return _error(f"headroom extender internal error: {type(err).__name__}: {err}", status)
 
 
 def _model(model: BaseModel) -> web.Response:

@@ -439,3 +439,29 @@ async def test_a_pod_phase_that_is_not_a_string_is_named(
     assert got == status
     assert "Pod.status.phase: expected a string" in result["Error"]
     assert "internal error" not in result["Error"]
+
+
+@pytest.mark.parametrize(
+    ("verb", "status"), [("filter", 200), ("bind", 200), ("prioritize", 400), ("preempt", 400)]
+)
+async def test_an_unexpected_failure_reaches_kube_scheduler_as_an_error(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, verb: str, status: int
+) -> None:
+    # kube-scheduler decodes a 200 preempt answer into ExtenderPreemptionResult and
+    # drops unknown keys: {"Error": ...} read as "no node can be freed", silently
+    # (extender.go ProcessPreemption). Only a non-200 status makes it an error.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(harness.extender, verb, broken)
+    if verb == "bind":
+        body: dict[str, Any] = {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n"}
+    else:
+        body = {"Pod": gpu_pod("p"), "NodeNames": ["gpu-a"], "NodeNameToMetaVictims": {}}
+    got, result = await post(harness, verb, body)
+    assert got == status
+    assert "internal error: RuntimeError: a bug" in result["Error"]
+    metrics = await (await harness.client.get("/metrics")).text()
+    assert f'headroom_extender_requests_total{{outcome="internal-error",verb="{verb}"}} 1.0' in (
+        metrics
+    )
