@@ -48,6 +48,12 @@ PAGE_BYTES = 1 << 20
 """What a list page aims at, in JSON: its objects are ~4x that as dicts, and a
 page is alive while it is handled. 500 nodes carrying their image lists are
 5 MiB of JSON and ~30 MiB at their peak (issue 8; bench/memory_bench.py)."""
+PAGE_RETRIES = 10
+PAGE_RETRY_SECONDS = 1.0
+"""A page the apiserver refuses with 429 (API Priority and Fairness throttling) is asked
+for again, its continue token kept, up to :data:`PAGE_RETRIES` times this far apart
+(the ``Retry-After`` APF sends; client-go's REST client retries a 429 ten times too),
+rather than the whole list failing and starting over from page one."""
 LIST_TIMEOUT_SECONDS = 60.0
 """A list that takes longer is abandoned and retried: a hung list must not blind the cache."""
 
@@ -205,7 +211,7 @@ class Informer:
         limit = FIRST_PAGE
         began = self.clock()
         while True:
-            raw = await self._source.list(limit=limit, token=token)
+            raw = await self._list_page(limit, token)
             size = len(raw)
             text = raw.decode()  # what json.loads(raw) does, with raw gone before the parse
             del raw
@@ -226,6 +232,20 @@ class Informer:
                 self._listed(seen)
                 self.relists += 1
                 return str(metadata.get("resourceVersion", ""))
+
+    async def _list_page(self, limit: int, token: str | None) -> bytes:
+        """One page, a throttled one (429) asked for again (:data:`PAGE_RETRIES`): under
+        sustained throttling a list of many pages restarted from the first at each
+        refusal might never finish, and the cache never sync."""
+        for attempt in range(1, PAGE_RETRIES + 1):
+            try:
+                return await self._source.list(limit=limit, token=token)
+            except Exception as err:
+                if getattr(err, "status", None) != 429 or attempt == PAGE_RETRIES:
+                    raise
+                log.info("%s: list page throttled (429), asking again", self.name)
+                await asyncio.sleep(PAGE_RETRY_SECONDS * random.uniform(0.8, 1.2))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _watch(self, version: str) -> None:
         """Watch from ``version`` until an error; a window the server closes

@@ -7,8 +7,12 @@ from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+import kube.informer as informer_module
 from extender.state import ClusterState
 from kube.informer import FIRST_PAGE, PAGE_BYTES, PAGE_SIZE, Informer, identity, next_limit
+from kube.rest import ApiError
 from tests.extender.objects import gpu_node, gpu_pod, uid_of
 
 
@@ -109,6 +113,36 @@ async def test_a_relist_reads_pages_and_deletes_only_what_no_page_showed() -> No
     assert events[1:] == [("ADDED", "ua"), ("ADDED", "ub"), ("ADDED", "uc"), ("DELETED", "ugone")]
     assert sorted(informer.items) == ["ns/a", "ns/b", "ns/c"]
     assert informer.synced.is_set()
+
+
+async def test_a_throttled_page_is_asked_for_again_not_the_whole_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # API Priority and Fairness refuses a page with 429: the list went back to page
+    # one, and under sustained throttling a list of many pages might never finish.
+    monkeypatch.setattr(informer_module, "PAGE_RETRY_SECONDS", 0.0)
+    src = Controlled()
+    src.pods = [pod(f"p{n}", f"u{n}") for n in range(3)]
+    asked: list[str | None] = []
+    real_list = src.list
+
+    async def list_page(*, limit: int, token: str | None) -> bytes:
+        asked.append(token)
+        if len(asked) in (2, 3):  # the second page, twice
+            raise ApiError(429, "TooManyRequests: the server has received too many requests")
+        return await real_list(limit=limit, token=token)
+
+    src.list = list_page  # type: ignore[method-assign]
+    informer = Informer(src, name="pods")
+    assert await informer._relist() == "100"
+    assert asked == [None, "1", "1", "1", "2"]
+    assert sorted(informer.items) == ["ns/p0", "ns/p1", "ns/p2"]
+    src.list = real_list  # type: ignore[method-assign]
+    # Anything else still fails the list (a 410 expired token: start over), and so
+    # does throttling past PAGE_RETRIES.
+    src.fail = [ApiError(410, "Expired")]
+    with pytest.raises(ApiError):
+        await informer._relist()
 
 
 def test_pages_are_sized_by_what_the_last_page_weighed() -> None:
