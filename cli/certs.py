@@ -33,22 +33,12 @@ _WINDOW = re.compile(r"^(?P<number>[0-9]+)(?P<unit>d|h|m)$")
 _WINDOW_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
-SERVING_DAYS = 365
-"""certs.generate.SERVING_VALIDITY, spelled out so that --help imports no cryptography."""
-
-
 def renewal_window(text: str) -> datetime.timedelta:
     """``30d``, ``720h`` or ``90m``: how long before expiry to re-issue."""
     match = _WINDOW.match(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (expected e.g. 30d, 720h)")
-    window = datetime.timedelta(**{_WINDOW_UNITS[match["unit"]]: int(match["number"])})
-    if window >= datetime.timedelta(days=SERVING_DAYS):
-        # Every run would find the certificate it just issued "expiring" and issue another.
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: must be shorter than the serving certificate's {SERVING_DAYS} days"
-        )
-    return window
+    return datetime.timedelta(**{_WINDOW_UNITS[match["unit"]]: int(match["number"])})
 
 
 def add_parser(subparsers: Any) -> None:
@@ -96,7 +86,9 @@ def add_parser(subparsers: Any) -> None:
         type=renewal_window,
         default=datetime.timedelta(days=30),
         metavar="DURATION",
-        help="re-issue the serving cert this long before it expires (default 30d)",
+        help="re-issue the serving cert this long before it expires (default 30d); "
+        "365d or more (its lifetime) re-issues it on every run: a way to force a renewal, "
+        "never one to schedule",
     )
     secret.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
     secret.add_argument("--ip", action="append", default=[], help="extra IP SAN (repeatable)")

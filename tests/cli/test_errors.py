@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from certs.generate import SERVING_VALIDITY
-from cli.certs import SERVING_DAYS
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -113,21 +110,3 @@ def test_an_unreachable_apiserver_is_one_line_naming_it(
 
 def test_top_without_any_kubeconfig_says_where_it_looked(tmp_path: Path) -> None:
     one_line_error(headroom(tmp_path, "top"), 2, "~/.kube/config")
-
-
-def test_a_renewal_window_as_long_as_the_certificate_is_refused(
-    tmp_path: Path, unreachable: Path
-) -> None:
-    # Serving certificates last 365 days: with --renew-before 365d or more every
-    # run found the new one "expiring", issued another and wrote the Secret again.
-    done = headroom(
-        tmp_path, "certs", "secret", "--namespace", "n", "--service", "s",
-        "--renew-before", "365d", "--kubeconfig", str(unreachable),
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
-        "headroom certs secret: error: argument --renew-before: "
-        "'365d': must be shorter than the serving certificate's 365 days"
-    )
-    assert SERVING_VALIDITY.days == SERVING_DAYS
