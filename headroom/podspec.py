@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headroom.names import GPU_MEMORY, is_gpu_resource
-from headroom.quantity import QuantityError, parse_quantity
+from headroom.quantity import QuantityError, QuantityTooLong, parse_quantity
 
 ContainerList = Literal["initContainers", "containers"]
 CONTAINER_LISTS: tuple[ContainerList, ...] = ("initContainers", "containers")
@@ -228,6 +228,11 @@ def _whole(value: object, where: str) -> int:
         raise PodError(f"{where}: expected a whole number, got {json_type(value)}")
     try:
         amount = parse_quantity(value)
+    except QuantityTooLong as err:
+        raise PodError(
+            f"{where}: {shown(value)} is too long to read ({len(str(value))} characters, "
+            "at most 64)"
+        ) from err
     except QuantityError as err:
         raise PodError(f"{where}: {shown(value)} is not a quantity") from err
     if amount < 0 or amount != amount.to_integral_value():

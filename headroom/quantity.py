@@ -34,6 +34,10 @@ class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity; the message quotes it."""
 
 
+class QuantityTooLong(QuantityError):
+    """A well-formed quantity longer than this reads (the apiserver stores it exactly)."""
+
+
 def parse_quantity(value: str | int | float) -> Decimal:
     """Parse a quantity exactly, as apimachinery does, into a Decimal."""
     if isinstance(value, bool):
@@ -48,7 +52,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
     if match is not None and len(text) > _MAX_LEN:
         # Well formed, and stored by the apiserver, which keeps such a number exact
         # (a review's case: 78 digits): named as too long, not as malformed.
-        raise QuantityError(f"{value!r} is too long to read ({len(text)} characters, at most 64)")
+        raise QuantityTooLong(f"{value!r} is too long to read ({len(text)} characters, at most 64)")
     if match is None or len(text) > _MAX_LEN:
         raise QuantityError(f"{value!r} is not a quantity (expected e.g. 10Gi, 512Mi, 8G)")
     try:

@@ -214,3 +214,14 @@ def test_rule5_memory_within_max_on_a_pod_asking_for_no_gpu_changes_nothing() ->
     # The admission policy refuses memory that no slot backs; the webhook adds nothing to it.
     decision = run(gpu_pod({"headroom.dev/gpu-memory": "8Gi"}))
     assert (decision.allowed, decision.outcome, decision.patch) == (True, "unchanged", [])
+
+
+def test_rule5_a_declaration_too_long_to_read_is_named_as_such() -> None:
+    # The apiserver stores a 78-digit headroom.dev/gpu-memory exactly; the denial
+    # says it is too long to read, not that it is malformed (a tenant would look for
+    # a typo in a well-formed number).
+    pod = gpu_pod({"nvidia.com/gpu": "1", "headroom.dev/gpu-memory": str(2**256 + 1)})
+    decision = run(pod)
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert "spec.containers[0].resources.limits[headroom.dev/gpu-memory]" in decision.message
+    assert "is too long to read (78 characters, at most 64)" in decision.message
