@@ -38,7 +38,7 @@ from headroom.podspec import (
     shown,
     string_map,
 )
-from headroom.quantity import human_bytes
+from headroom.quantity import QuantityTooLong, human_bytes
 
 Placement = Literal["binpack", "spread"]
 DEFAULT_PLACEMENT: Placement = "binpack"
@@ -187,12 +187,23 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
     than kubelet allocates, whatever it reads) and named, so the filter refuses it;
     a declaration that cannot be read makes the pod declare none, and is named."""
     asked: dict[str, list[tuple[Container, int]]] = {}
-    unreadable = ""
+    unreadable = uncounted = ""
     for container in containers(pod):
         # Every GPU resource the container asks for, not only the one the webhook
         # allows a container (gpu_requests): an exempt namespace's pod may ask a
         # shared replica and a MIG slice together, and kubelet gives it both.
-        for resource, count in gpu_counts(container).items():
+        try:
+            counts = gpu_counts(container)
+        except PodError as err:
+            if not isinstance(err.__cause__, QuantityTooLong):
+                raise
+            # A count the apiserver stores but this cannot read: a whole number too
+            # long to read (2^256 + 1), of which kube-scheduler and kubelet read the
+            # low 64 bits. Raising would have the pod watch drop the pod, uncharged:
+            # each GPU resource the container names is charged the most a pod may ask.
+            counts = dict.fromkeys(_gpu_names(container), MAX_GPU_COUNT)
+            uncounted = uncounted or str(err)
+        for resource, count in counts.items():
             if count > 0:
                 asked.setdefault(resource, []).append((container, count))
         try:
@@ -212,6 +223,8 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
     mig: dict[str, int] = {}
     declared = effective.pop(names.GPU_MEMORY, None)
     problem = ""
+    if uncounted:
+        problem = f"{uncounted}: charged as {MAX_GPU_COUNT}, the most one pod may ask for"
     if unreadable:
         declared = None
         problem = f"{unreadable}: no {names.GPU_MEMORY} declaration Headroom can charge"
@@ -228,6 +241,17 @@ def _resources(pod: Mapping[str, Any]) -> tuple[int, dict[str, int], int | None,
         if profile is not None:
             mig[profile] = count
     return effective.get(names.GPU_SHARED, 0), mig, declared, problem
+
+
+def _gpu_names(container: Container) -> list[str]:
+    """The GPU resources the container names in its limits or requests."""
+    where = f"{container.where}.resources"
+    resources = mapping(container.body, "resources", where)
+    named = (
+        *mapping(resources, "limits", f"{where}.limits"),
+        *mapping(resources, "requests", f"{where}.requests"),
+    )
+    return sorted({name for name in named if names.is_gpu_resource(name)})
 
 
 def has_headroom_annotations(pod: Mapping[str, Any]) -> bool:

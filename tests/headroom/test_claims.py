@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headroom.claims import parse_claim
-from headroom.podspec import PodError
+from headroom.podspec import MAX_GPU_COUNT, PodError
 from headroom.quantity import parse_bytes
 from tests.extender.objects import gpu_pod
 
@@ -79,6 +79,26 @@ def test_a_container_asking_two_gpu_resources_is_charged_both() -> None:
         pod["spec"]["containers"][0]["resources"][section]["nvidia.com/mig-1g.5gb"] = "1"
     claim = parse_claim(pod)
     assert (claim.shared, claim.mig, claim.legacy) == (1, {"1g.5gb": 1}, True)
+
+
+@pytest.mark.parametrize("declared", [None, "1Gi"])
+def test_a_gpu_count_too_long_to_read_is_charged_the_most_never_a_dropped_pod(
+    declared: str | None,
+) -> None:
+    # In an exempt namespace the apiserver stores nvidia.com/gpu.shared: 2^256 + 1 (a
+    # whole number by its check), and kube-scheduler and kubelet read its low 64 bits:
+    # one replica. A claim that raised would have the pod watch ignore the pod,
+    # leaving it uncharged on its GPU: it is charged the most a pod may ask for, and
+    # the filter refuses it naming the field.
+    pod = gpu_pod("odd", declared=declared, node="gpu-a")
+    for section in pod["spec"]["containers"][0]["resources"].values():
+        if "nvidia.com/gpu.shared" in section:
+            section["nvidia.com/gpu.shared"] = str(2**256 + 1)
+    claim = parse_claim(pod)
+    assert claim.shared == MAX_GPU_COUNT
+    assert claim.declared == (None if declared is None else parse_bytes(declared))
+    assert "spec.containers[0].resources.limits[nvidia.com/gpu.shared]" in claim.problem
+    assert "too long to read" in claim.problem
 
 
 def test_annotations_never_declare_memory() -> None:
