@@ -71,7 +71,9 @@ class _Replica(NamedTuple):
 
 
 def unlisted_replicas(
-    answer: Iterable[PodDevices], allocatable: Mapping[str, Iterable[str]]
+    answer: Iterable[PodDevices],
+    allocatable: Mapping[str, Iterable[str]],
+    last: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """GPU UUID -> how many of its time-slicing (or MPS) replicas kubelet has allocated
     beyond those the device plugin lists now (``allocatable``), counted only for a GPU
@@ -81,18 +83,27 @@ def unlisted_replicas(
     balancing by the replicas it lists (``total - available``, internal/rm/allocate.go),
     places new pods as if theirs were free. A GPU it lists no replica of (its plugin not
     registered again after a kubelet restart, or every replica unhealthy, which kubelet
-    leaves out of the answer) says nothing. An unhealthy replica below the highest
-    listed is not counted; one above it is, which charges more, never less. Replicas of
-    a time-sliced MIG device are not counted: Headroom places no pods on them."""
+    leaves out of the answer) says nothing: its ``last`` count is kept, up to the
+    replicas of it kubelet still holds allocated (kubelet marks every device of a
+    plugin that disconnects unhealthy, so each restart of the plugin would otherwise
+    report 0 until it registers again, and a pod placed then would find no cut). An
+    unhealthy replica below the highest listed is not counted; one above it is, which
+    charges more, never less. Replicas of a time-sliced MIG device are not counted:
+    Headroom places no pods on them."""
     listed: dict[str, int] = {}
     for device_ids in allocatable.values():
         for ref in _replicas(device_ids):
             listed[ref.uuid] = max(listed.get(ref.uuid, 0), ref.replica + 1)
     counts: Counter[str] = Counter()
+    held: Counter[str] = Counter()
     for entry in answer:
         for ref in _replicas(entry.device_ids()):
+            held[ref.uuid] += 1
             if ref.uuid in listed and ref.replica >= listed[ref.uuid]:
                 counts[ref.uuid] += 1
+    for uuid, count in (last or {}).items():
+        if uuid not in listed and (kept := min(count, held[uuid])):
+            counts[uuid] = kept
     return dict(counts)
 
 
@@ -203,7 +214,7 @@ class KubeletAllocations:
                 self._allocatable_failing = err.reason
             return
         self._allocatable_failing = None
-        unlisted = unlisted_replicas(answer, allocatable)
+        unlisted = unlisted_replicas(answer, allocatable, self.unlisted)
         if unlisted != self.unlisted:
             log.info("replicas allocated beyond those the device plugin lists: %s", unlisted)
         self.unlisted = unlisted

@@ -288,6 +288,40 @@ async def test_replicas_cut_away_are_reported_and_kept_while_kubelet_cannot_say(
     assert "stopped listing are not known" in record.getMessage()
 
 
+async def test_replicas_cut_away_are_kept_while_the_plugin_lists_none_of_the_gpu(
+    kubelet: Kubelet, socket_path: Path
+) -> None:
+    tick, allocations = agent(socket_path)
+    # Cut to 2 replicas per GPU: a keeps GPU1::2, which is gone.
+    kubelet.allocatable = [
+        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
+        for ids in listing(2, GPU0, GPU1).values()
+    ]
+    try:
+        cut = await tick.tick()
+        # The device plugin restarts (a config change, a rollout, kubelet's restart):
+        # kubelet marks every device of the resource unhealthy when it disconnects
+        # (devicemanager PluginDisconnected) and lists none until it registers again.
+        # Nothing says pod a left GPU1::2; the next pod allocated after it registers
+        # again must still find the count, not a 0 written meanwhile.
+        kubelet.allocatable = []
+        restarting = await tick.tick()
+        kubelet.allocatable = [
+            pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
+            for ids in listing(2, GPU0).values()
+        ]
+        one_back = await tick.tick()
+    finally:
+        await allocations.close()
+    assert [gpu.unlisted_replicas for gpu in cut.gpus] == [0, 1]
+    assert [gpu.unlisted_replicas for gpu in restarting.gpus] == [0, 1]
+    assert [gpu.unlisted_replicas for gpu in one_back.gpus] == [0, 1]
+    # Kept only up to the replicas of the GPU kubelet still holds allocated.
+    held = [answer("ml", "c", SHARED, f"{GPU1}::6")]
+    assert unlisted_replicas(held, {}, {GPU1: 3}) == {GPU1: 1}
+    assert unlisted_replicas([], {}, {GPU1: 3}) == {}
+
+
 async def test_a_missing_socket_is_logged_once(
     socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
