@@ -21,7 +21,10 @@ as declaring 0, so any memory it holds is over. On a whole-GPU node nothing is
 charged by declaration and such pods are left alone (so is one on a shared
 node no shared pod has reached yet: it starves no one until one does). Shared
 pods admitted before declarations were resources (the extender charges them
-the whole GPU) and pods of whole GPUs have no measure here either.
+the whole GPU), pods of MIG slices only (the webhook declares memory for shared
+containers alone) and pods of whole GPUs have no measure here either; the first
+two are still judged by where kubelet put them: memory on a shared GPU it did
+not give them starves the pods declared there.
 
 A pod must be over for ``grace`` consecutive observations before anything
 happens, so one spike between two ticks is ignored. Then, once per episode (an
@@ -145,6 +148,10 @@ class Allowance:
     """It asks for MIG slices too: what it holds on MIG devices is in its own slices,
     which its declaration (for its shared containers) does not cover, and is judged
     only by where kubelet put it."""
+    measured: bool = True
+    """``declared`` is a measure of it. Not so for a pod of MIG slices only (the webhook
+    declares memory for shared containers alone) or a legacy shared pod: only what it
+    holds on a device kubelet did not give it is judged."""
 
 
 def usage_by_pod(status: ReportStatus) -> dict[str, list[DeviceUse]]:
@@ -208,17 +215,23 @@ def declarations(pods: Mapping[str, Pod]) -> dict[str, int]:
 
 def allowance(pod: Pod) -> Allowance | None:
     """What the pod may hold, read as the extender reads it (headroom.claims); None
-    when the guard has no measure for it (a legacy shared pod, whole GPUs)."""
+    when the guard has no measure for it (whole GPUs). A legacy shared pod or one of
+    MIG slices only is held to the devices kubelet gave it alone."""
     try:
         claim = parse_claim(pod)
+        requests = gpu_requests(pod, most=None)
+        listed = not any(
+            r.container.kind == "initContainers" and not r.container.sidecar for r in requests
+        )
         if claim.declared is not None:
-            listed = not any(
-                r.container.kind == "initContainers" and not r.container.sidecar
-                for r in gpu_requests(pod, most=None)
-            )
             gpus = max(claim.shared, 1)
             return Allowance(claim.declared, gpus, listed=listed, slices=bool(claim.mig))
-        if not gpu_requests(pod, most=None):
+        if claim.wants_gpu:
+            # Its MIG slices or its legacy replica are its own; a shared GPU kubelet did
+            # not give it is not (NVIDIA_VISIBLE_DEVICES reaches any), and what it holds
+            # there starves the pods declared on it.
+            return Allowance(0, listed=listed, slices=bool(claim.mig), measured=False)
+        if not requests:
             return Allowance(0, asks_no_gpu=True)
     except PodError:
         pass  # the apiserver validated the pod's resources; a bad shape is not ours
@@ -236,7 +249,7 @@ def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
                 "a GPU kubelet did not allocate to it"
             )
     judged = [device for device in devices if not (allowed.slices and device.mig)]
-    if not judged:
+    if not judged or not allowed.measured:
         return ""
     peak = max(judged, key=lambda device: device.used)
     if peak.used > allowed.declared:

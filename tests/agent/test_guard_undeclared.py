@@ -1,0 +1,119 @@
+"""The guard and pods that declare no memory but ask for a shared replica or a MIG
+slice: what they hold outside the devices kubelet gave them is still over."""
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.guard import Guard
+from headroom.quantity import GIB
+from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
+from tests.agent.doubles import pod
+from tests.agent.test_guard import NAMESPACES, POLICIES, guarded
+
+
+def mixed_node(stray: int, *, allocated: bool = True) -> ReportStatus:
+    """gpu 0 in MIG mode, its slice given to pod "m"; gpu 1 time-sliced, shared by
+    pod "s" (10Gi declared) and, if ``stray``, holding that much of pod "m"."""
+    slice_pods = [
+        PodUsage(uid="m", namespace="ns-strict", name="m", used_bytes=GIB, allocated=allocated)
+    ]
+    shared_pods = [
+        PodUsage(uid="s", namespace="ns-strict", name="s", used_bytes=10 * GIB, allocated=True)
+    ]
+    if stray:
+        shared_pods.append(PodUsage(uid="m", namespace="ns-strict", name="m", used_bytes=stray))
+    return ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[
+            GPUUsage(
+                index=0,
+                uuid="GPU-0",
+                total_bytes=40 * GIB,
+                used_bytes=GIB,
+                free_bytes=39 * GIB,
+                mig_enabled=True,
+                mig_devices=[
+                    MigDeviceUsage(
+                        uuid="MIG-0",
+                        profile="3g.20gb",
+                        total_bytes=20 * GIB,
+                        used_bytes=GIB,
+                        pods=slice_pods,
+                    )
+                ],
+            ),
+            GPUUsage(
+                index=1,
+                uuid="GPU-1",
+                total_bytes=40 * GIB,
+                used_bytes=10 * GIB + stray,
+                free_bytes=30 * GIB - stray,
+                pods=shared_pods,
+            ),
+        ],
+    )
+
+
+def mig_pod() -> dict[str, Any]:
+    # The webhook declares memory as a resource for shared containers only: a pod of
+    # MIG slices has none.
+    return pod("m", "m", namespace="ns-strict", resource="nvidia.com/mig-3g.20gb")
+
+
+def test_a_mig_pod_holding_memory_on_a_shared_gpu_it_was_not_given_is_over() -> None:
+    guard = Guard(grace=1)
+    pods = {"m": mig_pod(), "s": guarded("s", "strict")}
+    assert guard.observe(mixed_node(0), pods, POLICIES, NAMESPACES) == []
+    verdicts = guard.observe(mixed_node(25 * GIB), pods, POLICIES, NAMESPACES)
+    assert [(v.uid, v.kind) for v in verdicts] == [("m", "event"), ("m", "evict")]
+    assert verdicts[0].message.startswith(
+        "uses 25.0 GiB of GPU memory on gpu 1, a GPU kubelet did not allocate to it"
+    )
+
+
+def test_a_mig_pod_whose_allocation_is_unknown_is_not_judged() -> None:
+    # Without kubelet's word the slice proves nothing either way: no verdict.
+    guard = Guard(grace=1)
+    pods = {"m": mig_pod(), "s": guarded("s", "strict")}
+    assert guard.observe(mixed_node(0, allocated=False), pods, POLICIES, NAMESPACES) == []
+
+
+def test_a_legacy_shared_pod_is_held_to_the_gpu_kubelet_gave_it() -> None:
+    # Admitted before declarations were resources: no measure of its memory, but the
+    # replica kubelet gave it is on gpu 1, and gpu 0's memory is not its own.
+    guard = Guard(grace=1)
+    legacy = pod("l", "l", namespace="ns-strict")
+    pods = {"l": legacy}
+    report = ReportStatus(
+        node_name="gpu-node-1",
+        backend="nvml",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+        gpus=[
+            GPUUsage(
+                index=index,
+                uuid=f"GPU-{index}",
+                total_bytes=40 * GIB,
+                used_bytes=30 * GIB,
+                free_bytes=10 * GIB,
+                pods=[
+                    PodUsage(
+                        uid="l",
+                        namespace="ns-strict",
+                        name="l",
+                        used_bytes=30 * GIB,
+                        allocated=index == 1,
+                    )
+                ],
+            )
+            for index in (0, 1)
+        ],
+    )
+    verdicts = guard.observe(report, pods, POLICIES, NAMESPACES)
+    assert [v.kind for v in verdicts] == ["event", "evict"]
+    assert "on gpu 0, a GPU kubelet did not allocate to it" in verdicts[0].message
+    # On the GPU it was given alone, however much it holds, it is not judged.
+    alone = replace(report, gpus=report.gpus[1:])
+    assert Guard(grace=1).observe(alone, pods, POLICIES, NAMESPACES) == []
