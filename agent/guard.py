@@ -101,6 +101,8 @@ class _Episode:
     calm: int = 0
     """Observations within it since the last one over: ``grace`` of them end the episode."""
     warned: bool = False
+    announced: bool = False
+    """An Event of this episode said the guard evicts."""
     evicted: bool = False
 
 
@@ -331,6 +333,7 @@ class Guard:
         """The Event could not be recorded: warn again on the next observation."""
         if uid in self._episodes:
             self._episodes[uid].warned = False
+            self._episodes[uid].announced = False
 
     def eviction_refused(self, uid: str) -> None:
         """The eviction (or the deletion after it) failed: try again next time."""
@@ -344,18 +347,21 @@ class Guard:
         namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
         uid = str(metadata.get("uid", ""))
         verdicts = []
-        if not episode.warned:
-            episode.warned = True
-            message = reason + ("; policy guard is evict: evicting" if action == "evict" else "")
-            verdicts.append(Verdict("event", namespace, name, uid, message))
-        grace = _grace(pod)
         stopping = bool(metadata.get("deletionTimestamp")) and (
             _seconds(metadata.get("deletionGracePeriodSeconds"), EVICTION_GRACE_SECONDS + 1)
             <= EVICTION_GRACE_SECONDS
         )
-        if action == "evict" and not episode.evicted and not stopping:
+        evicting = action == "evict" and not episode.evicted and not stopping
+        # Said once: at the first action, and again if an eviction follows an Event that
+        # did not announce it (the namespace relabelled to an evict policy meanwhile).
+        if not episode.warned or (evicting and not episode.announced):
+            episode.warned = True
+            episode.announced = evicting
+            message = reason + ("; policy guard is evict: evicting" if evicting else "")
+            verdicts.append(Verdict("event", namespace, name, uid, message))
+        if evicting:
             episode.evicted = True
-            verdicts.append(Verdict("evict", namespace, name, uid, reason, grace))
+            verdicts.append(Verdict("evict", namespace, name, uid, reason, _grace(pod)))
         return verdicts
 
 

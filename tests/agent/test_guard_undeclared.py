@@ -9,7 +9,7 @@ from agent.guard import Guard
 from headroom.quantity import GIB
 from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
 from tests.agent.doubles import pod
-from tests.agent.test_guard import NAMESPACES, POLICIES, guarded
+from tests.agent.test_guard import NAMESPACES, POLICIES, guarded, namespace, report
 
 
 def mixed_node(stray: int, *, allocated: bool = True) -> ReportStatus:
@@ -117,3 +117,29 @@ def test_a_legacy_shared_pod_is_held_to_the_gpu_kubelet_gave_it() -> None:
     # On the GPU it was given alone, however much it holds, it is not judged.
     alone = replace(report, gpus=report.gpus[1:])
     assert Guard(grace=1).observe(alone, pods, POLICIES, NAMESPACES) == []
+
+
+def test_the_event_says_evicting_only_when_the_guard_evicts() -> None:
+    # Already stopping within the guard's bound: no eviction follows, so the Event
+    # must not tell the tenant their pod is being evicted by the guard.
+    guard = Guard(grace=1)
+    leaving = guarded("e", "strict")
+    leaving["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    leaving["metadata"]["deletionGracePeriodSeconds"] = 30
+    (event,) = guard.observe(report({"e": 12 * GIB}), {"e": leaving}, POLICIES, NAMESPACES)
+    assert "evicting" not in event.message
+
+
+def test_a_policy_turned_to_evict_mid_episode_announces_the_eviction() -> None:
+    # Warned under guard: warn; the namespace is relabelled to an evict policy: the
+    # eviction that follows is announced by an Event of its own, once.
+    guard = Guard(grace=1)
+    pods = {"w": guarded("w", "std")}
+    over = report({"w": 12 * GIB})
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event"]
+    relabelled = NAMESPACES | {"ns-std": namespace("ns-std", "strict")}
+    verdicts = guard.observe(over, pods, POLICIES, relabelled)
+    assert [v.kind for v in verdicts] == ["event", "evict"]
+    assert "evicting" in verdicts[0].message
+    guard.eviction_refused("w")  # retried: no second announcement
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, relabelled)] == ["evict"]
