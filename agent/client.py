@@ -5,6 +5,7 @@ worker threads. RBAC they need: ``gpunodereports`` get/create/update,
 ``events`` create, ``pods/eviction`` create.
 """
 
+import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -101,6 +102,13 @@ class ReportWriter:
         return str((current.get("metadata") or {}).get("resourceVersion") or "") or None
 
 
+BUDGET_CAUSE = "DisruptionBudget"
+"""The cause (``details.causes[].reason``, Go ``policyv1.DisruptionBudgetCause``) on
+every 429 by which kube-apiserver's eviction REST refuses for a PodDisruptionBudget.
+A 429 without it refused nothing: API Priority and Fairness or a busy admission
+webhook (Headroom's own sheds load with 429s) throttled the request, which is
+retried; deleting then would pass budgets that had room for the eviction."""
+
 MULTIPLE_BUDGETS = "more than one PodDisruptionBudget"
 """kube-apiserver's refusal to evict a pod two or more PodDisruptionBudgets select
 (``pkg/registry/core/pod/storage/eviction.go``): HTTP 500, not 429. A tenant with
@@ -167,7 +175,7 @@ class PodActions:
                 name, namespace, eviction, _request_timeout=self._timeout
             )
         except ApiException as err:
-            if err.status == 429 or MULTIPLE_BUDGETS in str(err.body or ""):
+            if _budget_refused(err):
                 return False
             if err.status in (404, 409):
                 return True  # gone, or a different pod now has the name
@@ -191,3 +199,19 @@ class PodActions:
         except ApiException as err:
             if err.status not in (404, 409):  # gone, or a different pod now has the name
                 raise
+
+
+def _budget_refused(err: ApiException) -> bool:
+    """A PodDisruptionBudget refused the eviction: a 429 with :data:`BUDGET_CAUSE`,
+    or :data:`MULTIPLE_BUDGETS`."""
+    text = str(err.body or "")
+    if MULTIPLE_BUDGETS in text:
+        return True
+    if err.status != 429:
+        return False
+    try:
+        body = json.loads(text)
+        causes = body.get("details", {}).get("causes") or []
+        return any(cause.get("reason") == BUDGET_CAUSE for cause in causes)
+    except (ValueError, AttributeError, TypeError):
+        return False

@@ -56,7 +56,38 @@ def test_evicted_refused_and_gone(server: StandIn) -> None:
     answer(server, 201, status(201, "", "Success"))
     assert actions(server).evict("ns", "nb", "uid-1", 30) is True
     refusal = "Cannot evict pod as it would violate the pod's disruption budget."
-    answer(server, 429, status(429, refusal, reason="TooManyRequests"))
+    answer(server, 429, budget_refusal(refusal))
     assert actions(server).evict("ns", "nb", "uid-1", 30) is False
     answer(server, 404, status(404, 'pods "nb" not found', reason="NotFound"))
     assert actions(server).evict("ns", "nb", "uid-1", 30) is True
+
+
+def budget_refusal(message: str) -> dict[str, Any]:
+    """kube-apiserver's 429 for a PodDisruptionBudget (eviction.go): its cause names it."""
+    body = status(429, message, reason="TooManyRequests")
+    body["details"] = {
+        "causes": [
+            {
+                "reason": "DisruptionBudget",
+                "message": "The disruption budget keep-hog "
+                "needs 1 healthy pods and has 1 currently",
+            }
+        ]
+    }
+    return body
+
+
+def test_a_throttled_eviction_is_an_error_retried_not_a_refusal(server: StandIn) -> None:
+    # API Priority and Fairness (or --max-requests-inflight) answers 429 to any request
+    # in a storm, with no DisruptionBudget cause: no budget refused anything, and the
+    # pod must not be deleted past budgets that would have let the eviction through.
+    throttled = status(429, "Too many requests, please try again later.", reason="TooManyRequests")
+    answer(server, 429, throttled)
+    with pytest.raises(ApiException):
+        actions(server).evict("ns", "nb", "uid-1", 30)
+    answer(
+        server,
+        429,
+        budget_refusal("Cannot evict pod as it would violate the pod's disruption budget."),
+    )
+    assert actions(server).evict("ns", "nb", "uid-1", 30) is False
