@@ -1,5 +1,6 @@
 """The guard and pods that declare no memory but ask for a shared replica or a MIG
-slice: what they hold outside the devices kubelet gave them is still over."""
+slice: what they hold outside the devices kubelet gave them is still over. And the
+Event: it says the guard evicts when, and only when, an eviction follows."""
 
 from dataclasses import replace
 from datetime import UTC, datetime
