@@ -111,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     if started_cluster:
         took += f"; {time.monotonic() - begun:.0f}s with starting and stopping the local cluster"
     print(took)
+    if result.stand_ins:
+        print("\nstand-ins in this run:")
+        for line in result.stand_ins:
+            print(f"  {line}")
     if result.problems:
         print("\nThe story did not happen:", file=sys.stderr)
         for problem in result.problems:

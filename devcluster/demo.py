@@ -22,7 +22,8 @@ from urllib3.exceptions import HTTPError
 
 from devcluster import scenario
 from devcluster.demo_plot import write_plot
-from devcluster.outcome import Expectation, render_table, starved, verdict
+from devcluster.nodes import KWOK_ANNOTATION
+from devcluster.outcome import Expectation, render_table, stand_ins, starved, verdict
 from devcluster.phase import Apis, DemoError, delete_namespace, raw, run_phase
 from devcluster.timeline import PhaseTimeline
 from headroom import names
@@ -59,6 +60,8 @@ class DemoResult:
     """Workloads the leak OOM-starved BEFORE (the leaker itself not counted)."""
     leaker: str
     guard: str
+    stand_ins: list[str]
+    """What in this run was not real (simulated GPU memory, KWOK nodes), to say so."""
 
 
 def run(options: DemoOptions, progress: Progress) -> DemoResult:
@@ -67,8 +70,10 @@ def run(options: DemoOptions, progress: Progress) -> DemoResult:
     story = scenario.load(options.scenario_file, duration=options.duration)
     apis = Apis.of(api_client(str(options.kubeconfig) if options.kubeconfig else None))
     try:
-        node = pick_node(raw(apis.core.list_node).get("items") or [])
-        progress(f"BEFORE runs on {node}: a time-sliced A100, as in seed 001")
+        nodes = raw(apis.core.list_node).get("items") or []
+        node = pick_node(nodes)
+        described = describe_node(next(n for n in nodes if n["metadata"]["name"] == node))
+        progress(f"BEFORE runs on {node}: {described}")
         wait_for_report(apis, node, progress)
         install_policy(apis, story.policy)
         progress(f"policy {story.policy_name} installed (guard: {story.guard})")
@@ -107,8 +112,9 @@ def run(options: DemoOptions, progress: Progress) -> DemoResult:
         ) from err
     phases = [before, after]
     expect = Expectation(story.workloads, story.leaker, story.guard)
+    fakes = stand_ins(phases, kwok_nodes=kwok_nodes(nodes))
     try:
-        plot = write_plot(phases, options.output, title=TITLE)
+        plot = write_plot(phases, options.output, title="\n".join([TITLE, *fakes]))
     except ImportError as err:
         raise DemoError(
             f"the plot needs matplotlib: pip install 'gpu-headroom[demo]' ({err})"
@@ -125,6 +131,7 @@ def run(options: DemoOptions, progress: Progress) -> DemoResult:
         victims=sorted(set(starved(before)) - {story.leaker}),
         leaker=story.leaker,
         guard=story.guard,
+        stand_ins=fakes,
     )
 
 
@@ -149,6 +156,26 @@ def pick_node(nodes: list[dict[str, Any]]) -> str:
             f"{names.LABEL_SHARING_STRATEGY}=time-slicing; the demo needs a time-sliced GPU node"
         )
     return min(candidates)[1]
+
+
+def describe_node(node: dict[str, Any]) -> str:
+    """The BEFORE node as its labels describe it, and whether it is a KWOK stand-in."""
+    labels = node["metadata"].get("labels") or {}
+    product = labels.get(names.LABEL_PRODUCT) or "GPU of unknown product"
+    memory = labels.get(names.LABEL_MEMORY_MIB, "?")
+    what = f"a time-sliced {product} ({memory} MiB per GPU)"
+    if node["metadata"]["name"] in kwok_nodes([node]):
+        return f"a KWOK node labelled as {what}"
+    return what
+
+
+def kwok_nodes(nodes: list[dict[str, Any]]) -> set[str]:
+    """The nodes KWOK manages: no kubelet, so no container of theirs ever runs."""
+    return {
+        str(node["metadata"]["name"])
+        for node in nodes
+        if (node["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION) == "fake"
+    }
 
 
 def wait_for_report(apis: Apis, node: str, progress: Progress) -> None:
@@ -220,4 +247,12 @@ def _message(err: ApiException) -> str:
         return str(err.body)
 
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "pick_node", "run"]
+__all__ = [
+    "DemoError",
+    "DemoOptions",
+    "DemoResult",
+    "describe_node",
+    "kwok_nodes",
+    "pick_node",
+    "run",
+]

@@ -9,6 +9,7 @@ non-zero when that list is not empty.
 from dataclasses import dataclass
 
 from devcluster.timeline import GPUKey, PhaseTimeline, PodTrack
+from headroom.names import ANNOTATION_SIMULATED_USAGE
 from headroom.quantity import human_bytes
 
 
@@ -108,11 +109,28 @@ def _rows(phase: PhaseTimeline) -> list[tuple[str, ...]]:
 
 def _gpu_line(phase: PhaseTimeline, key: GPUKey) -> str:
     gpu = phase.gpus[key]
-    line = f"  {key} {gpu.product}: {human_bytes(gpu.total_bytes)} total, "
+    line = f"  {key} {gpu.product} ({gpu.backend} backend): {human_bytes(gpu.total_bytes)} total, "
     line += f"peak {human_bytes(gpu.peak_bytes)} used"
     if gpu.full_at is not None:
         return line + f", FULL from {gpu.full_at:.1f}s"
     return line + f", {human_bytes(gpu.total_bytes - gpu.peak_bytes)} headroom left at peak"
+
+
+def stand_ins(phases: list[PhaseTimeline], *, kwok_nodes: set[str]) -> list[str]:
+    """What in the recorded phases was not real: the agents' backend, the nodes."""
+    gpus = [gpu for phase in phases for gpu in phase.gpus.values()]
+    lines: list[str] = []
+    if any(gpu.backend == "simulated" for gpu in gpus):
+        lines.append(
+            "GPU memory: the agents' simulated backend (driven by each pod's "
+            f"{ANNOTATION_SIMULATED_USAGE} annotation), not NVML on a GPU"
+        )
+    fake = sorted({gpu.gpu.node for gpu in gpus} & kwok_nodes)
+    if fake:
+        lines.append(
+            f"nodes {', '.join(fake)}: KWOK nodes (no kubelet; the pods' containers never run)"
+        )
+    return lines
 
 
 def render_table(phases: list[PhaseTimeline]) -> str:

@@ -91,6 +91,8 @@ class GPUTrack:
     product: str
     total_bytes: int
     samples: list[Sample] = field(default_factory=list)
+    backend: str = ""
+    """What measured it, from the agent's report: ``nvml``, or ``simulated`` (no GPU)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -128,7 +130,7 @@ class PhaseTimeline:
                 continue
             track = self.gpus.get(key)
             if track is None:
-                track = GPUTrack(key, gpu.product, gpu.total_bytes)
+                track = GPUTrack(key, gpu.product, gpu.total_bytes, backend=report.backend)
                 self.gpus[key] = track
             track.samples.append(Sample(t, gpu.used_bytes))
             for usage, info in ours:

@@ -13,9 +13,9 @@ import pytest
 from agent.usage import parse_usage
 from cli.main import build_parser, main
 from devcluster import scenario
-from devcluster.demo import DemoError, pick_node
+from devcluster.demo import DemoError, describe_node, kwok_nodes, pick_node
 from devcluster.demo_plot import write_plot
-from devcluster.outcome import Expectation, render_table, starved, verdict
+from devcluster.outcome import Expectation, render_table, stand_ins, starved, verdict
 from devcluster.timeline import GPUKey, GuardAction, PhaseTimeline, PodInfo, is_full
 from headroom.names import (
     ANNOTATION_GPU_MEMORY,
@@ -24,6 +24,7 @@ from headroom.names import (
     GPU_SHARED,
     LABEL_MEMORY_MIB,
     LABEL_POLICY,
+    LABEL_PRODUCT,
     LABEL_SHARING_STRATEGY,
 )
 from headroom.policy import parse_policy
@@ -310,4 +311,44 @@ def test_cli_cannot_run_without_a_cluster_says_why(
     assert code == 2
     assert f"headroom demo: cannot run: cannot load Kubernetes credentials from {missing}" in (
         capsys.readouterr().err
+    )
+
+
+def test_table_names_the_backend_that_measured_each_gpu() -> None:
+    # The local cluster's GPUs are simulated; the table must not pass them off as measured.
+    lines = render_table([before_phase(reported=True)]).splitlines()
+    gpu_line = next(line for line in lines if "total, peak" in line)
+    assert gpu_line.startswith("  a100-0/gpu0 NVIDIA-A100-PCIE-40GB-SHARED (simulated backend): ")
+
+
+def test_stand_ins_name_the_simulated_backend_and_the_kwok_nodes() -> None:
+    phases = [before_phase(reported=True), after_phase()]
+    assert stand_ins(phases, kwok_nodes={"a100-0", "t4-0"}) == [
+        "GPU memory: the agents' simulated backend (driven by each pod's "
+        f"{ANNOTATION_SIMULATED_USAGE} annotation), not NVML on a GPU",
+        "nodes a100-0: KWOK nodes (no kubelet; the pods' containers never run)",
+    ]
+    nvml = PhaseTimeline("after", "Headroom")
+    measured = report("a100-9", 1, {"simulation": (GIB, None)})
+    measured["status"]["backend"] = "nvml"
+    nvml.observe(1.0, parse_report(measured), pods())
+    assert stand_ins([nvml], kwok_nodes=set()) == []
+
+
+def test_kwok_nodes_are_those_kwok_manages() -> None:
+    nodes: list[dict[str, Any]] = [
+        {"metadata": {"name": "a100-shared-0", "annotations": {"kwok.x-k8s.io/node": "fake"}}},
+        {"metadata": {"name": "gpu-real-0", "annotations": {}}},
+        {"metadata": {"name": "cpu-0"}},
+    ]
+    assert kwok_nodes(nodes) == {"a100-shared-0"}
+
+
+def test_before_node_is_described_by_its_labels_not_assumed_an_a100() -> None:
+    t4 = node("t4-shared-0", strategy="time-slicing", memory_mib="15360")
+    t4["metadata"]["labels"][LABEL_PRODUCT] = "Tesla-T4-SHARED"
+    assert describe_node(t4) == "a time-sliced Tesla-T4-SHARED (15360 MiB per GPU)"
+    t4["metadata"]["annotations"] = {"kwok.x-k8s.io/node": "fake"}
+    assert describe_node(t4) == (
+        "a KWOK node labelled as a time-sliced Tesla-T4-SHARED (15360 MiB per GPU)"
     )
