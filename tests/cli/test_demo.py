@@ -352,3 +352,19 @@ def test_before_node_is_described_by_its_labels_not_assumed_an_a100() -> None:
     assert describe_node(t4) == (
         "a KWOK node labelled as a time-sliced Tesla-T4-SHARED (15360 MiB per GPU)"
     )
+
+
+def test_readme_sample_has_every_line_the_table_prints() -> None:
+    # The README shows a real run; each phase block must have the lines
+    # render_table prints today: the rule under the header, a line per GPU, and
+    # the phase's OOM-starved summary.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## What the demo shows", 1)[1].split("\n## ", 1)[0]
+    sample = section.split("```\n", 2)[1]
+    blocks = [b for b in sample.split("\n\n") if b.startswith(("BEFORE:", "AFTER:"))]
+    assert [b.split(":", 1)[0] for b in blocks] == ["BEFORE", "AFTER"]
+    for block in blocks:
+        lines = block.splitlines()
+        assert lines[2].strip().startswith("---"), block
+        assert any("backend): " in line and "total, peak" in line for line in lines), block
+        assert any(line.startswith("  OOM-starved: ") for line in lines), block
