@@ -58,7 +58,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="keep the local cluster this command started, and the AFTER namespace",
+        help="keep the local cluster this command started, and the AFTER namespace "
+        "(the next demo deletes it before it starts)",
     )
     parser.set_defaults(run=run)
 

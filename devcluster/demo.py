@@ -24,7 +24,14 @@ from devcluster import scenario
 from devcluster.demo_plot import write_plot
 from devcluster.nodes import KWOK_ANNOTATION
 from devcluster.outcome import Expectation, render_table, stand_ins, starved, verdict
-from devcluster.phase import Apis, DemoError, delete_namespace, raw, run_phase
+from devcluster.phase import (
+    Apis,
+    DemoError,
+    delete_namespace,
+    raw,
+    run_phase,
+    wait_namespace_gone,
+)
 from devcluster.timeline import PhaseTimeline
 from headroom import names
 from headroom.reports import parse_report
@@ -80,6 +87,10 @@ def run(options: DemoOptions, progress: Progress) -> DemoResult:
 
         before_ns = f"{options.namespace_prefix}-before"
         after_ns = f"{options.namespace_prefix}-after"
+        # `--keep` leaves the AFTER namespace running, a killed run either: their pods
+        # would hold replicas and memory of the GPUs the BEFORE phase runs on.
+        for ns in (before_ns, after_ns):
+            wait_namespace_gone(apis, ns, progress)
         progress(f"phase BEFORE ({options.duration:.0f}s): stock time-slicing, no policy")
         before = run_phase(
             apis,

@@ -7,15 +7,17 @@ The reports are built as the agent writes them (camelCase wire JSON through
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from unittest.mock import MagicMock
 
 import pytest
 
 from agent.usage import parse_usage
 from cli.main import build_parser, main
-from devcluster import scenario
+from devcluster import demo, scenario
 from devcluster.demo import DemoError, describe_node, kwok_nodes, pick_node
 from devcluster.demo_plot import write_plot
 from devcluster.outcome import Expectation, render_table, stand_ins, starved, verdict
+from devcluster.phase import Apis
 from devcluster.timeline import GPUKey, GuardAction, PhaseTimeline, PodInfo, is_full
 from headroom.names import (
     ANNOTATION_GPU_MEMORY,
@@ -368,3 +370,33 @@ def test_readme_sample_has_every_line_the_table_prints() -> None:
         assert lines[2].strip().startswith("---"), block
         assert any("backend): " in line and "total, peak" in line for line in lines), block
         assert any(line.startswith("  OOM-starved: ") for line in lines), block
+
+
+def test_namespaces_left_by_an_earlier_run_are_gone_before_the_before_phase(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `--keep` leaves the AFTER namespace running (a killed run leaves either):
+    # its pods must not share the GPUs, and the replicas, of the next BEFORE phase.
+    calls: list[tuple[str, str]] = []
+    a100 = node("a100-shared-0", strategy="time-slicing", memory_mib="40960")
+
+    def run_phase(apis: Any, phase: PhaseTimeline, **kwargs: Any) -> PhaseTimeline:
+        calls.append(("phase", kwargs["namespace"]["metadata"]["name"]))
+        return phase
+
+    monkeypatch.setattr(demo, "api_client", lambda path: None)
+    monkeypatch.setattr(Apis, "of", classmethod(lambda cls, api: cls(*[MagicMock()] * 3)))
+    monkeypatch.setattr(demo, "raw", lambda call, *a, **k: {"items": [a100]})
+    monkeypatch.setattr(demo, "wait_for_report", lambda *args: None)
+    monkeypatch.setattr(demo, "install_policy", lambda *args: None)
+    monkeypatch.setattr(demo, "run_phase", run_phase)
+    monkeypatch.setattr(demo, "delete_namespace", lambda apis, ns, p: calls.append(("delete", ns)))
+    monkeypatch.setattr(
+        demo, "wait_namespace_gone", lambda apis, ns, p: calls.append(("gone", ns)), raising=False
+    )
+    monkeypatch.setattr(demo, "write_plot", lambda phases, path, title: path)
+
+    demo.run(demo.DemoOptions(kubeconfig=None, output=tmp_path / "p.png"), lambda m: None)
+
+    first_phase = calls.index(("phase", "seed001-before"))
+    assert {("gone", "seed001-before"), ("gone", "seed001-after")} <= set(calls[:first_phase])
