@@ -8,6 +8,7 @@ Headroom still starved someone) and 2 when it could not run at all.
 """
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -68,7 +69,21 @@ def _progress(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
+def _exit_on(signum: int, _frame: object) -> None:
+    # Python's default for SIGTERM ends the process at once, skipping the ``finally``
+    # that stops the cluster (its processes run in sessions of their own).
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
+    previous = signal.signal(signal.SIGTERM, _exit_on)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     from devcluster import binaries, cluster, demo, process, scenario
     from kube.config import KubeConfigError
 

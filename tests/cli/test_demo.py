@@ -4,6 +4,10 @@ The reports are built as the agent writes them (camelCase wire JSON through
 ``parse_report``), so these tests also pin the demo to the report model.
 """
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -400,3 +404,40 @@ def test_namespaces_left_by_an_earlier_run_are_gone_before_the_before_phase(
 
     first_phase = calls.index(("phase", "seed001-before"))
     assert {("gone", "seed001-before"), ("gone", "seed001-after")} <= set(calls[:first_phase])
+
+
+SIGTERM_DURING_DEMO = """
+import os, signal, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from cli.main import main
+from devcluster import cluster, demo
+
+cluster.status = lambda *a, **k: SimpleNamespace(up=False)
+cluster.up = lambda *a, **k: SimpleNamespace(kubeconfig=Path("/nonexistent"))
+cluster.down = lambda *a, **k: print("cluster down", flush=True)
+
+def run(options, progress):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+
+demo.run = run
+sys.exit(main(["demo"]))
+"""
+
+
+def test_sigterm_midway_stops_the_cluster_the_demo_started() -> None:
+    # `timeout`, CI cancelling a job and make passing on its own SIGTERM all send
+    # SIGTERM, not SIGINT; the cluster's processes run in sessions of their own.
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_DURING_DEMO],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "cluster down" in done.stdout, done.stderr
+    assert done.returncode == 128 + signal.SIGTERM
