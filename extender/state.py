@@ -993,9 +993,19 @@ def _pod_key(obj: Mapping[str, Any]) -> str:
 def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     """Whether ``new`` may show room ``old`` did not: some GPU holds less (a pod freed
     memory or left), or a pod is located (seen holding memory) for the first time,
-    which frees the other GPUs it was charged to (headroom.spread)."""
+    which frees the other GPUs it was charged to (headroom.spread); or a GPU ``old``
+    could not be measured by is read again (an NVML error, missing, listed twice: its
+    pods were unlocated, charged on every GPU), or fewer replicas are unlisted by the
+    device plugin (every unlocated pod was charged everywhere: ``_predates_cut``)."""
     before = {gpu.index: gpu.used_bytes for gpu in old.gpus}
     if any(gpu.used_bytes < before.get(gpu.index, 0) for gpu in new.gpus):
+        return True
+    unread = {gpu.index for gpu in old.gpus if gpu.error} | listed_twice(old)
+    read = {gpu.index for gpu in new.gpus if not gpu.error} - listed_twice(new)
+    if read - (before.keys() - unread):
+        return True
+    unlisted = {gpu.index: gpu.unlisted_replicas for gpu in old.gpus}
+    if any(gpu.unlisted_replicas < unlisted.get(gpu.index, 0) for gpu in new.gpus):
         return True
     seen = {u.uid for gpu in old.gpus for u in gpu.pods if u.used_bytes or u.allocated}
     return any(

@@ -136,3 +136,53 @@ def test_a_pod_located_by_its_allocation_alone_is_room_too() -> None:
     allocated["status"]["gpus"][1]["pods"][0]["allocated"] = True
     state.on_report("MODIFIED", allocated)
     assert rooms == ["gpu-a"]
+
+
+def two_gpus_one_pod_bound() -> tuple[ClusterState, list[str], str, float]:
+    """A 2-GPU node with one 10 GiB pod bound, using 12 GiB of GPU 0; its UID."""
+    now = EPOCH.timestamp()
+    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    pod = gpu_pod("p", node="gpu-a", declared="10Gi", phase="Running")
+    state.on_pod("ADDED", pod)
+    return state, rooms, pod["metadata"]["uid"], now
+
+
+def test_a_gpu_read_again_after_an_nvml_error_is_room() -> None:
+    # NVML failed on GPU 0 for a moment (adversary: the fault): the pod it held is
+    # no longer located, so it is charged on GPU 1 too. The next report reads GPU 0
+    # again with the same figures: GPU 1 has its room back, and nothing else
+    # happens in the cluster that kube-scheduler would retry the waiting pod on.
+    state, rooms, uid, now = two_gpus_one_pod_bound()
+    usage = {0: {uid: 12 * GIB}, 1: {}}
+    failed = gpu_report("gpu-a", usage)
+    failed["status"]["gpus"][0]["error"] = "Unknown Error"
+    state.on_report("ADDED", failed)
+    state.prepare(now)
+    before = state.shared_headroom["gpu-a"]
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage))
+    state.prepare(now)
+    assert state.shared_headroom["gpu-a"] > before
+    assert rooms == ["gpu-a"]
+
+
+def test_replicas_listed_again_by_the_device_plugin_is_room() -> None:
+    # While the agent saw replicas kubelet allocated that the plugin no longer lists,
+    # every unlocated pod counted on every GPU (ClusterState._predates_cut); once the
+    # report shows none, the spread bound holds again and the other GPU has room.
+    state, rooms, uid, now = two_gpus_one_pod_bound()
+    state.on_pod("ADDED", gpu_pod("q", node="gpu-a", declared="10Gi", phase="Running"))
+    usage = {0: {uid: 12 * GIB}, 1: {}}
+    unlisted = gpu_report("gpu-a", usage)
+    unlisted["status"]["gpus"][1]["unlistedReplicas"] = 1
+    state.on_report("ADDED", unlisted)
+    state.prepare(now)
+    before = state.shared_headroom["gpu-a"]
+    rooms.clear()
+    state.on_report("MODIFIED", gpu_report("gpu-a", usage))
+    state.prepare(now)
+    assert state.shared_headroom["gpu-a"] > before
+    assert rooms == ["gpu-a"]
