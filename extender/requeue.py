@@ -13,7 +13,8 @@ a read, a report shows usage fall. Without an event the pod waits for the
 
 So when room may have appeared on a node, this stamps the node's annotation
 ``headroom.dev/room-at`` (coalesced: at most one patch per node per
-``PATCH_EVERY_SECONDS``). A Node annotation change is an ``UpdateNodeAnnotation``
+``PATCH_EVERY_SECONDS``; one that fails for want of an answer, a 429 or a 5xx
+is tried again as late). A Node annotation change is an ``UpdateNodeAnnotation``
 cluster event (framework/events.go), which moves those pods back to the active
 queue. The ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation``
 lets the scheduler's ServiceAccount change that annotation and nothing else.
@@ -104,5 +105,9 @@ class RoomNotifier:
         except (ApiError, Unreachable) as err:
             reason: Any = err.status if isinstance(err, ApiError) else type(err).__name__
             log.info("node %s: could not stamp %s (%s)", node, ANNOTATION_ROOM_AT, reason)
+            if isinstance(err, Unreachable) or err.status == 429 or err.status >= 500:
+                # The room is still untold (a stamp that may have landed only moves
+                # the pods once more): without a stamp they wait for the flush.
+                self.room(node)
             return
         self.stamped += 1

@@ -4,6 +4,7 @@ import asyncio
 
 from extender.requeue import RoomNotifier, Stamper
 from extender.state import ClusterState
+from kube.rest import ApiError, Unreachable
 from tests.extender.objects import EPOCH, GIB, gpu_node, gpu_pod, gpu_report
 
 
@@ -31,6 +32,45 @@ async def test_room_is_stamped_once_per_burst_of_events() -> None:
 async def settled() -> None:
     """Long enough for a due stamp to be made."""
     await asyncio.sleep(0.2)
+
+
+async def test_a_stamp_that_failed_is_tried_again() -> None:
+    # In a storm API Priority and Fairness refuses the PATCH (429), or it times out:
+    # the room is still untold, and with nothing else happening the refused pod
+    # waited for kube-scheduler's 5-minute flush.
+    attempts: list[str] = []
+    stamped: list[str] = []
+
+    async def flaky(node: str, when: str) -> None:
+        attempts.append(node)
+        if len(attempts) == 1:
+            raise Unreachable("no answer within 5.0s", sent=True)
+        if len(attempts) == 2:
+            raise ApiError(429, "Too Many Requests")
+        stamped.append(node)
+
+    notifier = RoomNotifier(flaky, every=0.05)
+    notifier.room("gpu-a")
+    for _ in range(50):
+        if stamped:
+            break
+        await asyncio.sleep(0.01)
+    assert stamped == ["gpu-a"]
+    assert notifier.stamped == 1
+
+
+async def test_a_stamp_refused_for_good_is_not_tried_again() -> None:
+    # A node deleted (404), or a stamp the admission policy refuses: retrying helps nobody.
+    attempts: list[str] = []
+
+    async def refused(node: str, when: str) -> None:
+        attempts.append(node)
+        raise ApiError(404, "Not Found")
+
+    notifier = RoomNotifier(refused, every=0.02)
+    notifier.room("gpu-gone")
+    await settled()
+    assert attempts == ["gpu-gone"]
 
 
 async def test_before_the_caches_sync_room_is_kept_and_one_node_is_stamped_after() -> None:
