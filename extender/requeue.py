@@ -12,12 +12,14 @@ a read, a report shows usage fall. Without an event the pod waits for the
 5-minute flush.
 
 So when room may have appeared on a node, this stamps the node's annotation
-``headroom.dev/room-at`` (coalesced: at most one patch per node per
-``PATCH_EVERY_SECONDS``; one that fails for want of an answer, a 429 or a 5xx
-is tried again as late). A Node annotation change is an ``UpdateNodeAnnotation``
-cluster event (framework/events.go), which moves those pods back to the active
-queue. The ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation``
-lets the scheduler's ServiceAccount change that annotation and nothing else.
+``headroom.dev/room-at`` (coalesced: at most one patch per
+``PATCH_EVERY_SECONDS`` in all, on one of the nodes where room appeared since
+the last; one that fails for want of an answer, a 429 or a 5xx is tried again
+as late, one a node gone refuses is made on another of them). A Node
+annotation change is an ``UpdateNodeAnnotation`` cluster event
+(framework/events.go), which moves those pods back to the active queue. The
+ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation`` lets the
+scheduler's ServiceAccount change that annotation and nothing else.
 
 Until the extender's caches have first synced it stamps nothing: every report
 in the first list is new, so every reporting node would seem to have room (one
@@ -72,42 +74,63 @@ class RoomNotifier:
         self.stamper = stamper
         self.every = every
         self.started = started
-        self._waiting: set[str] = set()
-        self._last: dict[str, float] = {}
+        self._rooms: set[str] = set()
+        """Nodes where room appeared since the last stamp began: one of them is stamped."""
+        self._due = False
+        """Whether a stamp is scheduled and not yet begun."""
+        self._last = -float("inf")
         self.stamped = 0
 
     def start(self, gpu_nodes: Iterable[str]) -> None:
         """The caches have synced: stamp one of ``gpu_nodes`` (the first by name), and
-        from now on every node where room appears."""
+        from now on a node where room appears."""
         self.started = True
         first = min(gpu_nodes, default=None)
         if first is not None:
             self.room(first)
 
     def room(self, node: str) -> None:
-        """Room may have appeared on ``node`` (on the event loop): stamp it soon, once."""
-        if node in self._waiting or not self.started:
+        """Room may have appeared on ``node`` (on the event loop): stamp soon, once.
+
+        One stamp per ``every`` seconds in all, on a node where room appeared, not
+        one per node: one Node event moves every pod the extender refused, so a storm
+        of room on 100 nodes a second is one PATCH a second, not 100 (each stored,
+        sent to every watcher of nodes, and holding a connection the binds need)."""
+        if not self.started:
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop (plain-data tests of the state): nobody to tell
-        self._waiting.add(node)
-        delay = max(0.0, self._last.get(node, 0.0) + self.every - time.monotonic())
-        loop.call_later(delay, lambda: loop.create_task(self._stamp(node)))
+        self._rooms.add(node)
+        self._schedule()
 
-    async def _stamp(self, node: str) -> None:
-        self._waiting.discard(node)
-        self._last[node] = time.monotonic()
+    def _schedule(self) -> None:
+        if self._due or not self._rooms:
+            return
+        loop = asyncio.get_running_loop()
+        self._due = True
+        delay = max(0.0, self._last + self.every - time.monotonic())
+        loop.call_later(delay, lambda: loop.create_task(self._stamp()))
+
+    async def _stamp(self) -> None:
+        self._due = False
+        rooms, self._rooms = self._rooms, set()
+        if not rooms:
+            return
+        node = min(rooms)
+        self._last = time.monotonic()
         when = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         try:
             await self.stamper(node, when)
         except (ApiError, Unreachable) as err:
             reason: Any = err.status if isinstance(err, ApiError) else type(err).__name__
             log.info("node %s: could not stamp %s (%s)", node, ANNOTATION_ROOM_AT, reason)
-            if isinstance(err, Unreachable) or err.status == 429 or err.status >= 500:
-                # The room is still untold (a stamp that may have landed only moves
-                # the pods once more): without a stamp they wait for the flush.
-                self.room(node)
+            if not (isinstance(err, Unreachable) or err.status == 429 or err.status >= 500):
+                rooms.discard(node)  # refused for good (404: node gone): try another
+            # The room is still untold (a stamp that may have landed only moves the
+            # pods once more): without a stamp they wait for the flush.
+            self._rooms |= rooms
+            self._schedule()
             return
         self.stamped += 1
