@@ -193,7 +193,12 @@ class ClusterState:
                 most = max(node.replicas_per_gpu, self._replicas_seen.get(node.name, 0))
                 self._replicas_seen[node.name] = most
                 node = replace(node, replicas_per_gpu=most)
-            self.nodes[node.name] = node
+            old, self.nodes[node.name] = self.nodes.get(node.name), node
+            if node != old:
+                # kube-scheduler retries on the Node event itself, but may have before
+                # this watch showed it (and been refused): room. Not the room stamp,
+                # or kubelet's status: they change nothing read here.
+                self.on_room(node.name)
         self._touch(node.name)
 
     def _note_cut(self, node: NodeGPUs) -> None:

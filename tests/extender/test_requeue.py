@@ -151,6 +151,7 @@ def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
     rooms: list[str] = []
     state.on_room = rooms.append
     state.on_node("ADDED", gpu_node("gpu-a"))
+    rooms.clear()  # a node added is room (test_a_node_added_or_offering_more_is_room...)
     pod = gpu_pod("p", node="gpu-a", declared="1Gi")
     state.on_pod("ADDED", pod)
     state.on_pod("MODIFIED", pod)  # an update is not room
@@ -175,6 +176,7 @@ def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
     rooms: list[str] = []
     state.on_room = rooms.append
     state.on_node("ADDED", gpu_node("gpu-a"))
+    rooms.clear()
     state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": 18 * GIB, "u2": 10 * GIB}}))
     assert rooms == ["gpu-a"]  # the first measured figures may show room
     rooms.clear()
@@ -265,4 +267,26 @@ def test_replicas_listed_again_by_the_device_plugin_is_room() -> None:
     state.on_report("MODIFIED", gpu_report("gpu-a", usage))
     state.prepare(now)
     assert state.shared_headroom["gpu-a"] > before
+    assert rooms == ["gpu-a"]
+
+
+def test_a_node_added_or_offering_more_is_room_and_a_stamp_is_not() -> None:
+    # kube-scheduler retries a waiting pod on the Node event itself, but its watch may
+    # deliver it before the extender's (a lagging watch, a re-list): the extender
+    # refuses the pod with the node it knows, and when its own watch shows the node
+    # nothing retries the pod again until the 5-minute flush.
+    state = ClusterState(margin=0, stale_after=90.0)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    node = gpu_node("gpu-a", replicas=4)
+    state.on_node("ADDED", node)
+    assert rooms == ["gpu-a"]
+    rooms.clear()
+    stamped = {
+        **node,
+        "metadata": {**node["metadata"], "annotations": {"headroom.dev/room-at": "x"}},
+    }
+    state.on_node("MODIFIED", stamped)
+    assert rooms == []  # its own stamp is no room: no stamp answers it
+    state.on_node("MODIFIED", gpu_node("gpu-a", replicas=8))
     assert rooms == ["gpu-a"]
