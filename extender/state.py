@@ -329,8 +329,18 @@ class ClusterState:
             if claim.nominated and not claim.node:
                 self.on_nominated(claim)
             return
+        before = self.pods.get(claim.uid)
         self._drop(claim.uid, keep_pending=True)
         self.pods[claim.uid] = claim
+        if (
+            before is not None
+            and before.nominated
+            and not before.node
+            and before.nominated != (claim.node or claim.nominated)
+        ):
+            # Its nomination moved or ended, not by its binding there: the room kept
+            # for it (:meth:`ahead`) is free again.
+            self.on_room(before.nominated)
         if claim.nominated and not claim.node and claim.wants_gpu:
             self.nominated.setdefault(claim.nominated, {})[claim.uid] = claim
             self.on_nominated(claim)
@@ -819,6 +829,8 @@ class ClusterState:
             on_node.pop(uid, None)
             if not on_node:
                 self.nominated.pop(old.nominated, None)
+            if not keep_pending:
+                self.on_room(old.nominated)  # the room kept for it (:meth:`ahead`)
         if old is not None and old.node:
             if not keep_pending:
                 self.on_room(old.node)

@@ -290,3 +290,27 @@ def test_a_node_added_or_offering_more_is_room_and_a_stamp_is_not() -> None:
     assert rooms == []  # its own stamp is no room: no stamp answers it
     state.on_node("MODIFIED", gpu_node("gpu-a", replicas=8))
     assert rooms == ["gpu-a"]
+
+
+def test_a_nomination_ended_is_room_where_it_was() -> None:
+    # The room a preemptor was nominated to is kept from pods of no higher priority
+    # (ClusterState.ahead). kube-scheduler retries those pods when the preemptor is
+    # deleted or its nomination moves, but may before the extender's watch shows it:
+    # refused again, they waited for the 5-minute flush.
+    state = ClusterState(margin=0, stale_after=90.0)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a"))
+    state.on_node("ADDED", gpu_node("gpu-b"))
+    rooms.clear()
+    urgent = gpu_pod("urgent", declared="30Gi")
+    urgent["spec"]["priority"] = 1000
+    urgent["status"]["nominatedNodeName"] = "gpu-a"
+    state.on_pod("ADDED", urgent)
+    assert rooms == []
+    moved = {**urgent, "status": {**urgent["status"], "nominatedNodeName": "gpu-b"}}
+    state.on_pod("MODIFIED", moved)
+    assert rooms == ["gpu-a"]
+    rooms.clear()
+    state.on_pod("DELETED", moved)
+    assert rooms == ["gpu-b"]
