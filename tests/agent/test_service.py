@@ -14,7 +14,7 @@ from aiohttp import web
 from agent.caches import PolicyCache
 from agent.guard import Guard
 from agent.podresources import DEFAULT_SOCKET
-from agent.probe import BackendName, Snapshot
+from agent.probe import BackendName, Probe, Snapshot
 from agent.reporter import Reporter, WritePolicy
 from agent.server import AgentMetrics, create_app
 from agent.service import Agent, AgentConfig
@@ -88,9 +88,9 @@ class BrokenProbe:
         self.closed = True
 
 
-async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture) -> None:
-    probe = BrokenProbe()
-    agent = Agent(
+def bare_agent(probe: Probe) -> Agent:
+    """An agent of ``probe`` on a node with no pods, writing to a double."""
+    return Agent(
         node_name="n",
         probe=probe,
         reporter=Reporter(WriterDouble()),
@@ -98,6 +98,11 @@ async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture
         actions=ActionsDouble(),
         pods=dict,
     )
+
+
+async def test_the_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture) -> None:
+    probe = BrokenProbe()
+    agent = bare_agent(probe)
     stop = asyncio.Event()
     with caplog.at_level(logging.ERROR):
         task = asyncio.create_task(agent.run(stop, interval_seconds=0.01))
@@ -233,14 +238,7 @@ async def test_a_first_tick_that_never_ends_is_a_stall() -> None:
     # Liveness read "no tick yet" as healthy: NVML hung on the agent's very first
     # read left it alive for good, with no report and the guard off.
     probe = HungProbe()
-    agent = Agent(
-        node_name="n",
-        probe=probe,
-        reporter=Reporter(WriterDouble()),
-        guard=Guard(),
-        actions=ActionsDouble(),
-        pods=dict,
-    )
+    agent = bare_agent(probe)
     assert not agent.stalled(0.05)  # not ticking yet: the pod cache may still be syncing
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop, interval_seconds=0.01))
