@@ -353,11 +353,12 @@ class Guard:
         )
         evicting = action == "evict" and not episode.evicted and not stopping
         # Said once: at the first action, and again if an eviction follows an Event that
-        # did not announce it (the namespace relabelled to an evict policy meanwhile).
+        # did not announce it (the namespace relabelled to an evict policy meanwhile). An
+        # Event retried after it failed says so of an eviction already done beside it.
         if not episode.warned or (evicting and not episode.announced):
             episode.warned = True
-            episode.announced = evicting
-            message = reason + ("; policy guard is evict: evicting" if evicting else "")
+            episode.announced = evicting or episode.evicted
+            message = reason + ("; policy guard is evict: evicting" if episode.announced else "")
             verdicts.append(Verdict("event", namespace, name, uid, message))
         if evicting:
             episode.evicted = True

@@ -144,3 +144,17 @@ def test_a_policy_turned_to_evict_mid_episode_announces_the_eviction() -> None:
     assert "evicting" in verdicts[0].message
     guard.eviction_refused("w")  # retried: no second announcement
     assert [v.kind for v in guard.observe(over, pods, POLICIES, relabelled)] == ["evict"]
+
+
+def test_an_event_lost_beside_a_done_eviction_still_says_evicting() -> None:
+    # The Event failed (the apiserver throttled it) but the eviction beside it went
+    # through: the Event retried on the next observation (the pod still running out
+    # its grace) must still tell the tenant the guard evicted their pod.
+    guard = Guard(grace=1)
+    pods = {"e": guarded("e", "strict")}
+    over = report({"e": 12 * GIB})
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event", "evict"]
+    guard.event_failed("e")
+    (event,) = guard.observe(over, pods, POLICIES, NAMESPACES)
+    assert event.kind == "event"
+    assert "evicting" in event.message
