@@ -80,6 +80,8 @@ class RoomNotifier:
         """Whether a stamp is scheduled and not yet begun."""
         self._last = -float("inf")
         self.stamped = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        """The stamps in flight: the loop keeps only a weak reference to a task."""
 
     def start(self, gpu_nodes: Iterable[str]) -> None:
         """The caches have synced: stamp one of ``gpu_nodes`` (the first by name), and
@@ -111,7 +113,12 @@ class RoomNotifier:
         loop = asyncio.get_running_loop()
         self._due = True
         delay = max(0.0, self._last + self.every - time.monotonic())
-        loop.call_later(delay, lambda: loop.create_task(self._stamp()))
+        loop.call_later(delay, self._begin)
+
+    def _begin(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._stamp())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stamp(self) -> None:
         self._due = False
