@@ -113,6 +113,14 @@ def listing(replicas: int, *gpus: str) -> dict[str, list[str]]:
     return {SHARED: [f"{gpu}::{n}" for gpu in gpus for n in range(replicas)]}
 
 
+def listed_devices(replicas: int) -> list[pb.ContainerDevices]:
+    """:func:`listing` of both GPUs as kubelet's proto answers it."""
+    return [
+        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
+        for ids in listing(replicas, GPU0, GPU1).values()
+    ]
+
+
 def test_replicas_allocated_beyond_those_the_plugin_lists_are_counted_per_gpu() -> None:
     # Cut from 8 replicas to 4: kubelet keeps what it gave ::4..::7, the plugin lists
     # ::0..::3. GPU1 is not listed at all (its plugin not registered again): no word.
@@ -180,11 +188,7 @@ def socket_path() -> Iterator[Path]:
 
 @pytest.fixture
 async def kubelet(socket_path: Path) -> AsyncIterator[Kubelet]:
-    allocatable = [
-        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
-        for ids in listing(8, GPU0, GPU1).values()
-    ]
-    servicer = Kubelet(pods=kubelet_answer(), allocatable=allocatable)
+    servicer = Kubelet(pods=kubelet_answer(), allocatable=listed_devices(8))
     server = aio.server()
     pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     assert server.add_insecure_port(f"unix://{socket_path}") == 1
@@ -270,10 +274,7 @@ async def test_replicas_cut_away_are_reported_and_kept_while_kubelet_cannot_say(
 ) -> None:
     tick, allocations = agent(socket_path)
     # Cut to 2 replicas per GPU: b keeps GPU0::0, a keeps GPU1::2, which is gone.
-    kubelet.allocatable = [
-        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
-        for ids in listing(2, GPU0, GPU1).values()
-    ]
+    kubelet.allocatable = listed_devices(2)
     try:
         cut = await tick.tick()
         kubelet.allocatable = None  # GetAllocatableResources fails from now on
@@ -293,10 +294,7 @@ async def test_replicas_cut_away_are_kept_while_the_plugin_lists_none_of_the_gpu
 ) -> None:
     tick, allocations = agent(socket_path)
     # Cut to 2 replicas per GPU: a keeps GPU1::2, which is gone.
-    kubelet.allocatable = [
-        pb.ContainerDevices(resource_name=SHARED, device_ids=ids)
-        for ids in listing(2, GPU0, GPU1).values()
-    ]
+    kubelet.allocatable = listed_devices(2)
     try:
         cut = await tick.tick()
         # The device plugin restarts (a config change, a rollout, kubelet's restart):

@@ -10,7 +10,7 @@ from agent.guard import Guard
 from headroom.quantity import GIB
 from headroom.reports import GPUUsage, MigDeviceUsage, PodUsage, ReportStatus
 from tests.agent.doubles import pod
-from tests.agent.test_guard import NAMESPACES, POLICIES, guarded, namespace, report
+from tests.agent.test_guard import NAMESPACES, POLICIES, gpus, guarded, namespace, report
 
 
 def mixed_node(stray: int, *, allocated: bool = True) -> ReportStatus:
@@ -88,30 +88,7 @@ def test_a_legacy_shared_pod_is_held_to_the_gpu_kubelet_gave_it() -> None:
     guard = Guard(grace=1)
     legacy = pod("l", "l", namespace="ns-strict")
     pods = {"l": legacy}
-    report = ReportStatus(
-        node_name="gpu-node-1",
-        backend="nvml",
-        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
-        gpus=[
-            GPUUsage(
-                index=index,
-                uuid=f"GPU-{index}",
-                total_bytes=40 * GIB,
-                used_bytes=30 * GIB,
-                free_bytes=10 * GIB,
-                pods=[
-                    PodUsage(
-                        uid="l",
-                        namespace="ns-strict",
-                        name="l",
-                        used_bytes=30 * GIB,
-                        allocated=index == 1,
-                    )
-                ],
-            )
-            for index in (0, 1)
-        ],
-    )
+    report = gpus({0: {"l": 30 * GIB}, 1: {"l": 30 * GIB}}, allocated={1: {"l"}})
     verdicts = guard.observe(report, pods, POLICIES, NAMESPACES)
     assert [v.kind for v in verdicts] == ["event", "evict"]
     assert "on gpu 0, a GPU kubelet did not allocate to it" in verdicts[0].message
