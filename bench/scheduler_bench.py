@@ -6,7 +6,8 @@ nodes through the API, each with ``--gpus-per-node`` time-sliced A100-40GB
 GPUs (``--replicas`` per GPU, the GFD labels and ``nvidia.com/gpu.shared``
 capacity the device plugin would give them). Then, in the same run:
 
-1. **stock**, ``--rounds`` times: Headroom not installed yet. The stock
+1. **stock**, ``--rounds`` times: Headroom not installed yet (installed
+   already with ``--floor-beside-headroom``, an experiment). The stock
    kube-scheduler is stopped, ``--pods`` pods asking ``nvidia.com/gpu.shared: 1``
    are created, the scheduler is started again, and the bench times, from that
    restart, until every pod that fits by slots is bound; then deletes them.
@@ -27,6 +28,8 @@ not its rate limiter. ``--without prioritize`` / ``--without bind`` are
 experiments: they leave that verb out of headroom-scheduler's configuration,
 to measure what each round trip costs. ``--nodes-to-score PERCENT`` is a
 tuning experiment: headroom-scheduler's ``percentageOfNodesToScore``.
+``--floor-beside-headroom`` is another: the floor's rounds run with Headroom
+installed and idle beside them, as the floor in a Headroom cluster would.
 ``--placement spread`` is an experiment too: the bench namespace's policy
 places pods on the emptiest GPU that fits rather than the fullest (the shipped
 ``gpu-shared`` binpacks), to measure what binpacking costs kube-scheduler,
@@ -370,11 +373,16 @@ def clear(cluster: Cluster, namespace: str) -> None:
     )
 
 
-def create_namespace(cluster: Cluster, name: str, policy: str | None = None) -> None:
-    """A namespace (labelled with ``policy``), once pods can be created in it."""
+def create_namespace(
+    cluster: Cluster, name: str, policy: str | None = None, *, exempt: bool = False
+) -> None:
+    """A namespace (labelled with ``policy``, or exempt from Headroom's admission
+    policies), once pods can be created in it."""
     cluster.kubectl("create", "namespace", name)
     if policy:
         cluster.kubectl("label", "namespace", name, f"{names.LABEL_POLICY}={policy}")
+    if exempt:
+        cluster.kubectl("label", "namespace", name, f"{names.LABEL_EXEMPT}=true")
     wait_until(
         f"ServiceAccount default in {name}",
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
@@ -511,8 +519,11 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
     add_nodes(cluster, args.nodes, args.gpus_per_node, args.replicas)
     _progress(f"{args.nodes} nodes x {args.gpus_per_node} GPUs ready")
 
+    specs = nodes.load(node_file)
+    if args.floor_beside_headroom:
+        components.install(cluster, specs, _progress)
     slot_bound = min(args.pods, args.nodes * args.gpus_per_node * args.replicas)
-    create_namespace(cluster, "bench-stock")
+    create_namespace(cluster, "bench-stock", exempt=args.floor_beside_headroom)
     stock_objects = [
         pod("bench-stock", f"p-{i:05d}", headroom=False, memory=args.memory)
         for i in range(args.pods)
@@ -525,9 +536,17 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
                   args.stall)
         )  # fmt: skip
         clear(cluster, "bench-stock")
+        if args.floor_beside_headroom:
+            # Charged whole GPUs (they declare nothing) until the extender sees them go.
+            wait_until(
+                "the extender to see the floor's pods deleted",
+                lambda: _assumed_and_charged(cluster) == 0,
+                timeout=120,
+                interval=1,
+            )
 
-    specs = nodes.load(node_file)
-    components.install(cluster, specs, _progress)
+    if not args.floor_beside_headroom:
+        components.install(cluster, specs, _progress)
     policy = "gpu-shared" if args.placement == "binpack" else spread_policy(cluster)
     create_namespace(cluster, "bench-headroom", policy=policy)
     # The gpu-shared policy selects time-sliced nodes and tolerates the GPU taint: the
@@ -579,6 +598,7 @@ def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         "without": list(args.without),
         "nodes_to_score": args.nodes_to_score,
         "placement": args.placement,
+        "floor_beside_headroom": args.floor_beside_headroom,
         "stock_bound": min(r["bound"] for r in stock_rounds),
         "stock_seconds": stock["seconds"],
         "stock_pods_per_s": stock["pods_per_s"],
@@ -625,12 +645,21 @@ def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _assumed_and_charged(cluster: Cluster) -> int:
-    """Pods the extender still holds, plus bytes it still charges as declared (``/state``)."""
+    """What the extender's ``/state`` still charges (:func:`charged`)."""
     url = f"http://127.0.0.1:{cluster.state.port('extender')}/state"
     with urllib.request.urlopen(url, timeout=10) as answer:
-        state = json.load(answer)
-    charged = sum(gpu["declared"] for n in state["nodes"].values() for gpu in n["gpus"])
-    return len(state["assumed"]) + int(charged)
+        return charged(json.load(answer))
+
+
+def charged(state: dict[str, Any]) -> int:
+    """Pods the extender still holds or charges on a GPU, plus the bytes it charges.
+
+    The pods too, not only the declared bytes: a pod that declares nothing (the
+    floor's pods in an exempt namespace) is charged its whole GPU with 0 declared.
+    """
+    gpus = [gpu for node in state["nodes"].values() for gpu in node["gpus"]]
+    pods = sum(len(gpu["pods"]) for gpu in gpus)
+    return len(state["assumed"]) + pods + sum(int(gpu["accounted"]) for gpu in gpus)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -667,6 +696,13 @@ def arguments() -> argparse.ArgumentParser:
         "--placement", choices=("binpack", "spread"), default="binpack",
         help="an experiment: the bench namespace's policy places pods on the fullest GPU "
         "that fits (binpack, the shipped gpu-shared policy) or the emptiest (spread, a copy)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-beside-headroom", action="store_true",
+        help="an experiment: install Headroom before the stock rounds, so the floor runs in "
+        "the same cluster as Headroom's, its idle extender and headroom-scheduler watching "
+        "its pods (which run in a namespace labelled headroom.dev/exempt=true: Headroom's "
+        "admission policies refuse shared replicas without a declaration elsewhere)",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     return parser

@@ -201,3 +201,17 @@ def test_every_flag_is_documented(bench: ModuleType) -> None:
     parser = bench.arguments()
     for action in parser._actions:
         assert action.help, action.option_strings
+
+
+def test_a_pod_charged_with_nothing_declared_still_counts_as_charged(bench: ModuleType) -> None:
+    """The floor's pods declare nothing and are charged their whole GPU: the wait between
+    rounds must not take them for gone because the declared bytes are 0."""
+    gpu = {"declared": 0, "accounted": 40 * 2**30, "pods": ["bench-stock/p-00001"]}
+    idle = {"declared": 0, "accounted": 0, "pods": []}
+    state: dict[str, Any] = {"assumed": {}, "nodes": {"a": {"gpus": [gpu]}, "b": {"gpus": [idle]}}}
+    assert bench.charged(state) > 0
+
+    gpu.update(accounted=0, pods=[])
+    assert bench.charged(state) == 0
+    state["assumed"] = {"bench-headroom/p-00002": ["a"]}
+    assert bench.charged(state) == 1
