@@ -24,20 +24,27 @@ then): after it starts, and --
 with ``--leader-lease`` -- after its own kube-scheduler is seen taking the
 lease from another pod's (or ``leaseTransitions`` says a leader came and went
 unseen), and while no renewal by its own kube-scheduler has been seen for two
-thirds of the lease duration. A filter that comes while the lease, as last seen, is held
+thirds of the lease duration, or the latest seen was made (its ``renewTime``)
+longer ago than that. A filter that comes while the lease, as last seen, is held
 by another (the lease watch lags: only a leader schedules) waits too. Its own
 kube-scheduler restarting and taking the lease back costs nothing: every
 container of it bound through this extender, which holds their binds.
 
 kube-scheduler's leader-election identity is ``<hostname>_<uuid>``
 (cmd/kube-scheduler/app/server.go); a sidecar shares its pod's hostname, so
-the extender knows its own scheduler's leadership by that prefix.
+the extender knows its own scheduler's leadership by that prefix. It shares its
+node too, and with it the clock its kube-scheduler writes ``renewTime`` by: a
+renewal this extender sees late (a lagging lease watch, this process stalled with
+the event unread) is aged from when it was made. Another replica takes the lease
+15 s after it last saw the Lease change, however late this one saw that change;
+a frozen kube-scheduler, thawed, may still send a bind before it notices.
 """
 
 import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -63,10 +70,13 @@ class Leadership:
         lease: str | None = None,
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """``lease``: ``namespace/name`` of the scheduler's leader-election Lease, or None
         when the scheduler does not elect a leader (only the restart is waited for).
-        ``identity``: this pod's hostname, which its kube-scheduler's identity starts with."""
+        ``identity``: this pod's hostname, which its kube-scheduler's identity starts with.
+        ``wall``: this node's clock, in seconds since the epoch, which its kube-scheduler
+        (in this pod, so on this node) writes ``renewTime`` by."""
         self.verify_after = verify_after
         self.settle = verify_after + WATCH_ALLOWANCE_SECONDS
         self.lease = lease
@@ -75,6 +85,7 @@ class Leadership:
         (kube.informer.Informer.listed_from); None: not checked (plain-data tests)."""
         self.identity = identity if identity is not None else socket.gethostname()
         self.clock = clock
+        self.wall = wall
         self.started = clock()
         self.holder: str | None = None
         """The holder as last seen (None: nobody, or not read yet)."""
@@ -89,6 +100,8 @@ class Leadership:
         a leader may have come and gone unseen); None while another holds it."""
         self.renewed: float | None = None
         """When the lease was last seen held by this pod's kube-scheduler."""
+        self.made: float | None = None
+        """``renewTime`` (on ``wall``) of that renewal; None: none it could read."""
         self._seen: tuple[str | None, object] = (None, None)
         """(holder, renewTime) as last seen: a renewal changes it, a re-list does not."""
         self._recreated = False
@@ -129,6 +142,7 @@ class Leadership:
         elif holder is not None:
             if renewal:
                 self.renewed = now
+                self.made = _instant(spec.get("renewTime"))
             if not self.mine(self.last_holder) or self._missed(holder, transitions):
                 self.since = now
         if holder is not None:
@@ -199,12 +213,10 @@ class Leadership:
                 f"{self.last_holder or 'nobody'}, not by this pod's kube-scheduler "
                 f"({self.identity}_...); waiting for the lease watch; retry"
             )
-        elif self.renewed is None or now - self.renewed > self.duration * 2 / 3:
-            # kube-scheduler renews every 2 s and gives up after 10 s (of 15): a view
-            # this old may hide a new leader (a stuck watch, a frozen pod).
+        elif self._stale(now):
             why = (
                 f"headroom extender: the lease watch has shown no renewal of {self.lease} by "
-                f"this pod's kube-scheduler for over {self.duration * 2 / 3:.0f}s; retry"
+                f"this pod's kube-scheduler made in the last {self.duration * 2 / 3:.0f}s; retry"
             )
         elif now < self.since + self.settle or not self._listed_from(
             self.since + self.verify_after
@@ -226,6 +238,21 @@ class Leadership:
                 log.warning("%s (is --leader-lease the lease this kube-scheduler elects by?)", why)
         return why
 
+    def _stale(self, now: float) -> bool:
+        """Whether the latest renewal by this pod's kube-scheduler is too old to rule out
+        a new leader: seen, or made, over two thirds of the lease duration ago.
+
+        kube-scheduler renews every 2 s and gives up after 10 s (of 15): a view this old
+        may hide a new leader (a stuck watch, a frozen pod). When it was seen is not
+        enough: a renewal seen late (a lagging watch, this process stalled with the event
+        unread) would read as fresh while another replica, which counts from when it saw
+        the Lease change, already leads. A ``renewTime`` it cannot read (client-go always
+        writes one) leaves when it was seen alone."""
+        limit = self.duration * 2 / 3
+        if self.renewed is None or now - self.renewed > limit:
+            return True
+        return self.made is not None and self.wall() - self.made > limit
+
     def path(self) -> str | None:
         """The Lease's collection URL path with its name, for a watch of that one object."""
         if self.lease is None:
@@ -236,3 +263,17 @@ class Leadership:
     @property
     def name(self) -> str:
         return "" if self.lease is None else self.lease.partition("/")[2]
+
+
+def _instant(value: object) -> float | None:
+    """A Lease's MicroTime (``2026-11-26T12:00:00.000000Z``) in seconds since the epoch;
+    None when it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

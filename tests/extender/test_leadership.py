@@ -12,6 +12,7 @@ import copy
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,10 +22,10 @@ from extender.leadership import WATCH_ALLOWANCE_SECONDS, Leadership
 from extender.service import relist_for_leadership
 from extender.state import ClusterState
 from extender.verbs import Extender
-from extender.wire import ExtenderArgs
+from extender.wire import ExtenderArgs, ExtenderBindingArgs
 from kube.informer import Informer, identity
 from tests.extender.conftest import MARGIN, Harness, PodReader, RecordingBinder
-from tests.extender.objects import gpu_node, gpu_pod
+from tests.extender.objects import gpu_node, gpu_pod, uid_of
 from tests.extender.test_server import fixture, post, seed_cluster
 from tests.kube.test_informer import Clock as DrivenClock
 from tests.kube.test_informer import controlled, spin
@@ -43,13 +44,16 @@ class Clock:
         return self.now
 
 
-def lease(holder: str | None, transitions: int = 0, renewed: float = 0.0) -> dict[str, Any]:
-    """The Lease as kube-scheduler's client-go writes it; ``renewed``: its clock's second
-    (another node's clock, compared by the extender only for equality)."""
+def lease(holder: str | None, transitions: int = 0, renewed: float | None = None) -> dict[str, Any]:
+    """The Lease as kube-scheduler's client-go writes it; ``renewed``: the holder's clock's
+    second, as its ``renewTime`` (None: none written). Extenders here are given the test's
+    clock as their node's (``wall``): the holder's own extender ages its renewals by it."""
     spec: dict[str, Any] = {"leaseDurationSeconds": 15, "leaseTransitions": transitions}
     if holder is not None:
         spec["holderIdentity"] = holder
-        spec["renewTime"] = f"2026-11-26T12:{int(renewed) // 60 % 60:02d}:{renewed % 60:09.6f}Z"
+        if renewed is not None:
+            moment = datetime.fromtimestamp(renewed, UTC)
+            spec["renewTime"] = moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
     return {
         "metadata": {"name": "headroom-scheduler", "namespace": "headroom-system"},
         "spec": spec,
@@ -67,7 +71,7 @@ def renew(leadership: Leadership, clock: Clock, seconds: float, holder: str, n: 
 
 def test_a_restarted_extender_waits_out_the_binds_sent_before_it_started() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock)
+    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock, wall=clock)
     waiting = leadership.waiting()
     assert waiting is not None
     assert "just started" in waiting
@@ -79,7 +83,9 @@ def test_a_restarted_extender_waits_out_the_binds_sent_before_it_started() -> No
 
 def test_a_new_leader_waits_out_the_previous_leaders_binds() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     clock.now += SETTLE
     assert "last seen held by nobody" in (leadership.waiting() or "")
     # A leads; B is the standby (its kube-scheduler sends nothing, but if it did...).
@@ -102,7 +108,9 @@ def test_a_new_leader_waits_out_the_previous_leaders_binds() -> None:
 
 def test_a_lease_released_by_another_waits_when_this_scheduler_takes_it() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-a_0f8e", 1))
     renew(leadership, clock, SETTLE, "scheduler-a_0f8e", 1)
     leadership.on_lease("MODIFIED", lease(None, 1))  # A released it on its way out
@@ -116,7 +124,9 @@ def test_this_pods_scheduler_restarting_waits_for_nothing() -> None:
     # container restarts with a new identity -- same hostname, new UUID -- and takes
     # the lease back. Every bind of the old one went through this extender.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-b_7c21", 5))
     renew(leadership, clock, SETTLE, "scheduler-b_7c21", 5)
     assert leadership.waiting() is None
@@ -129,7 +139,9 @@ def test_a_leader_the_lease_watch_never_showed_is_counted() -> None:
     # The watch broke and re-listed: between this scheduler's two containers another
     # replica led, and bound, unseen. leaseTransitions went up by two, not one.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-b_7c21", 5))
     renew(leadership, clock, SETTLE, "scheduler-b_7c21", 5)
     leadership.on_lease("MODIFIED", lease("scheduler-b_99d0", 7))
@@ -151,7 +163,9 @@ def test_a_view_of_the_lease_too_old_to_rule_out_a_new_leader_waits() -> None:
     # leading; by now another may have taken the lease. kube-scheduler renews every
     # 2 s and gives up after 10: no renewal seen for 10 s, no answer.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-b_7c21", 1))
     renew(leadership, clock, SETTLE, "scheduler-b_7c21", 1)
     assert leadership.waiting() is None
@@ -166,7 +180,9 @@ def test_a_relisted_lease_is_not_a_renewal() -> None:
     # re-lists: the lease still names it, with the same renewTime. That is no sign of
     # life; by 1029 another may lead, and the answers stop at 1024 as without the re-list.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-a_7c21", 1, renewed=clock.now))
     renew(leadership, clock, SETTLE, "scheduler-a_7c21", 1)
     assert leadership.waiting() is None
@@ -177,12 +193,92 @@ def test_a_relisted_lease_is_not_a_renewal() -> None:
     assert "no renewal" in (leadership.waiting() or "")
 
 
+def test_a_renewal_seen_late_is_aged_from_when_it_was_made() -> None:
+    # This extender stalled (or its lease watch lagged) with its kube-scheduler's renewal
+    # of 1031 unread, and reads it at 1043: seen just now, made 12 s ago. Another replica
+    # counts the lease from when it saw it change, and may lead from 1046. The kube-scheduler
+    # and its sidecar share the node, and so the clock renewTime is written by.
+    clock = Clock()
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock, wall=clock
+    )
+    leadership.on_lease("ADDED", lease("scheduler-a_7c21", 1, renewed=clock.now))
+    renew(leadership, clock, 30, "scheduler-a_7c21", 1)
+    assert leadership.waiting() is None
+    clock.now += 1
+    made = clock.now  # a renewal on its way to this extender
+    clock.now += 12
+    leadership.on_lease("MODIFIED", lease("scheduler-a_7c21", 1, renewed=made))
+    assert "no renewal" in (leadership.waiting() or "")
+    leadership.on_lease("MODIFIED", lease("scheduler-a_7c21", 1, renewed=clock.now - 1))
+    assert leadership.waiting() is None  # a renewal made 1 s ago, seen now
+
+
+async def test_a_thawed_old_leader_does_not_bind_beside_the_new_one() -> None:
+    """The frozen leader. Replica A's kube-scheduler renews last at 1100 and is frozen
+    (SIGSTOP, a stalled node) in the middle of placing p; A's extender sees the Lease
+    24 s late (its lease watch lags; or it stalled, the events unread). B's scheduler
+    takes the lease at 1116, 15 s after it last saw it change; B's extender, its wait
+    over, binds q at 1132 -- when A's kube-scheduler thaws and binds p before it
+    notices the lease lost (nothing fences a thawed client-go leader). A's extender saw
+    A renew at 1124: 8 s ago, made 32 s ago. Each charges only what its own watch shows
+    and its own holds: p and q, 20 GiB each, would both land on the one 40 GB GPU."""
+    clock = Clock()  # both nodes' clocks (skew aside): each extender's and its scheduler's
+    apiserver = RecordingBinder()
+    p, q = gpu_pod("p", declared="20Gi"), gpu_pod("q", declared="20Gi")
+
+    def sidecar(host: str) -> tuple[Leadership, Extender]:
+        state = ClusterState(
+            margin=MARGIN, stale_after=90.0, verify_after=VERIFY_AFTER, clock=clock
+        )
+        state.on_node("ADDED", gpu_node("gpu-a"))  # one A100 40 GB
+        state.on_pod("ADDED", p)
+        state.on_pod("ADDED", q)
+        leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity=host, clock=clock, wall=clock)
+        extender = Extender(
+            state, apiserver, reader=PodReader(apiserver), waiting=leadership.waiting
+        )
+        return leadership, extender
+
+    lead_a, extender_a = sidecar("scheduler-a")
+    lead_b, extender_b = sidecar("scheduler-b")
+    writes = [(t, lease("scheduler-a_0f8e", 1, renewed=t)) for t in range(1000, 1101, 2)]
+    writes += [(t, lease("scheduler-b_7c21", 2, renewed=t)) for t in range(1116, 1133, 2)]
+    deliveries = sorted(
+        [(t, 0, lead_b, obj) for t, obj in writes]
+        + [(t + 24, 1, lead_a, obj) for t, obj in writes],
+        key=lambda d: (d[0], d[1]),
+    )
+
+    def until(moment: float) -> None:
+        while deliveries and deliveries[0][0] <= moment:
+            when, _, leadership, obj = deliveries.pop(0)
+            clock.now = when
+            leadership.on_lease("MODIFIED", obj)
+        clock.now = moment
+
+    until(1132)
+    placed = extender_b.filter(ExtenderArgs(Pod=q, NodeNames=["gpu-a"]))
+    assert placed.NodeNames == ["gpu-a"], placed
+    bound = await extender_b.bind(
+        ExtenderBindingArgs(PodName="q", PodNamespace="research", PodUID=uid_of(q), Node="gpu-a")
+    )
+    assert bound.Error == ""
+    late = await extender_a.bind(
+        ExtenderBindingArgs(PodName="p", PodNamespace="research", PodUID=uid_of(p), Node="gpu-a")
+    )
+    assert apiserver.bound == {("research", "q"): "gpu-a"}, "p and q on one 40 GB GPU"
+    assert "no renewal" in late.Error
+
+
 def test_a_leader_seen_only_by_its_release_is_counted() -> None:
     # The lease watch is blind while B acquires (count 6), binds and releases on
     # SIGTERM (client-go keeps the count, clears the holder). The re-list shows only the
     # release; then this pod's restarted scheduler acquires (7). B's binds may land.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-a_7c21", 5, renewed=clock.now))
     renew(leadership, clock, SETTLE, "scheduler-a_7c21", 5)
     leadership.on_lease("MODIFIED", lease(None, 6))
@@ -195,7 +291,9 @@ def test_a_recreated_lease_another_held_in_between_is_counted() -> None:
     # scheduler, still inside its renew deadline, acquires it under the same identity
     # (count 1). A count above 0 on a re-created lease is an acquisition not seen.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-a_7c21", 9, renewed=clock.now))
     renew(leadership, clock, SETTLE, "scheduler-a_7c21", 9)
     leadership.on_lease("DELETED", {"metadata": {"name": "headroom-scheduler"}})
@@ -205,7 +303,9 @@ def test_a_recreated_lease_another_held_in_between_is_counted() -> None:
 
 def test_a_lease_this_scheduler_re_creates_waits_for_nothing() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-a", clock=clock, wall=clock
+    )
     leadership.on_lease("ADDED", lease("scheduler-a_7c21", 9, renewed=clock.now))
     renew(leadership, clock, SETTLE, "scheduler-a_7c21", 9)
     leadership.on_lease("DELETED", {"metadata": {"name": "headroom-scheduler"}})
@@ -220,7 +320,9 @@ def test_a_standby_says_so_and_a_lease_nobody_holds_warns(
     # minute it says why. That is the normal state of a standby, not a warning; a
     # lease nobody is seen holding (a --leader-lease that names another) is.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     clock.now += SETTLE
     with caplog.at_level("INFO", logger="extender.leadership"):
         assert leadership.waiting() is not None
@@ -235,7 +337,9 @@ def test_a_standby_says_so_and_a_lease_nobody_holds_warns(
 
 def test_a_lease_held_by_a_lookalike_is_not_ours() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     clock.now += SETTLE
     leadership.on_lease("ADDED", lease("scheduler-bb_7c21"))
     assert "held by scheduler-bb_7c21" in (leadership.waiting() or "")
@@ -271,7 +375,9 @@ async def test_readyz_waits_out_a_restart_but_not_a_standby(harness: Harness) ->
     # "not yet" while binds from before the restart may land. It does not follow the
     # lease: a standby replica's sidecar is ready to take over.
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     harness.extender.starting = leadership.starting
     harness.extender.waiting = leadership.waiting
     response = await harness.client.get("/readyz")
@@ -317,7 +423,7 @@ async def test_a_restart_waits_for_a_pod_list_that_shows_the_old_binds() -> None
     state = ClusterState(margin=MARGIN, stale_after=90.0, verify_after=VERIFY_AFTER, clock=clock)
     state.on_node("ADDED", gpu_node("gpu-a"))  # one A100 40 GB
     p, q = gpu_pod("p", declared="20Gi"), gpu_pod("q", declared="20Gi")
-    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock)
+    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock, wall=clock)
     source = PagedPods(clock, [p, q, *(gpu_pod(f"c{i}", shared=0) for i in range(3))], 4.0)
     pods = Informer(source, name="pods", handler=state.on_pod, keep=identity, clock=clock)
     leadership.view = lambda: pods.listed_from
@@ -346,7 +452,9 @@ async def test_a_restart_waits_for_a_pod_list_that_shows_the_old_binds() -> None
 
 def test_a_new_leader_waits_for_a_pod_list_begun_after_the_old_leaders_binds() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock)
+    leadership = Leadership(
+        VERIFY_AFTER, lease=LEASE, identity="scheduler-b", clock=clock, wall=clock
+    )
     listed = [clock.now]  # the pod cache's list, long before the change
     leadership.view = lambda: listed[0]
     leadership.on_lease("ADDED", lease("scheduler-a_0f8e", 3))
@@ -376,7 +484,7 @@ class Relisted:
 
 async def test_the_pods_are_listed_again_once_and_only_when_due() -> None:
     clock = Clock()
-    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock)
+    leadership = Leadership(VERIFY_AFTER, identity="scheduler-a", clock=clock, wall=clock)
     pods = Relisted(clock)
     task = asyncio.create_task(relist_for_leadership(pods, leadership, every=0.001))  # type: ignore[arg-type]
     try:
