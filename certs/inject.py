@@ -11,6 +11,7 @@ import base64
 import binascii
 import datetime
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +113,13 @@ def inject_ca_bundle(
     ca_pem: bytes,
     *,
     keep_others_at: datetime.datetime | None = None,
+    only_if: Callable[[], bool] | None = None,
 ) -> Injection:
     """Patch the caBundle in, unless it is there already. With ``keep_others_at``, the
-    CAs already in the bundle (and valid then) stay after ``ca_pem`` (:func:`bundle_keeping`)."""
+    CAs already in the bundle (and valid then) stay after ``ca_pem`` (:func:`bundle_keeping`).
+    With ``only_if``, the patch is made only if it says True after the configuration
+    was read (checked again on each re-read): a change it looks for that lands later
+    also changes the configuration first, and fails the patch's resourceVersion test."""
     admission = client.AdmissionregistrationV1Api(api)
     for _ in range(ATTEMPTS):
         try:
@@ -134,7 +139,7 @@ def inject_ca_bundle(
         if keep_others_at is not None:
             bundle = bundle_keeping(configuration, ca_pem, keep_others_at)
         ops = ca_bundle_patch(configuration, bundle)  # validates even when nothing changes
-        if has_ca_bundle(configuration, bundle):
+        if has_ca_bundle(configuration, bundle) or (only_if is not None and not only_if()):
             return Injection(len(configuration["webhooks"]), patched=False)
         try:
             admission.patch_mutating_webhook_configuration(

@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from certs.generate import (
+    CA_CERT,
     CLOCK_SKEW,
     TLS_CERT,
     IPAddress,
@@ -216,11 +217,26 @@ def reconcile(
         _report_bundle(report, request.webhook, injection, "set" if patched else "kept")
     serving_issued, serving = ensure_serving(store, request, issuer, now, report)
     if request.webhook and now - serving.not_valid_before_utc >= CLOCK_SKEW + SETTLE:
-        # Every pod has the certificate signed by the current CA: the others go.
-        injection = inject_ca_bundle(api, request.webhook, ca_pem)
+        # Every pod has the certificate signed by the current CA: the others go --
+        # unless the CA Secret changed since we read it (another run rotating the CA
+        # now: its new CA is in the bundle, and its certificate about to be served).
+        ca_changed: list[bool] = []
+
+        def ca_unchanged() -> bool:
+            current = store.get(request.ca_secret)
+            same = current is not None and current.data.get(CA_CERT) == ca_pem
+            ca_changed.append(not same)
+            return same
+
+        injection = inject_ca_bundle(api, request.webhook, ca_pem, only_if=ca_unchanged)
         if injection.patched:
             patched = True
             _report_bundle(report, request.webhook, injection, "set to the current CA only")
+        elif ca_changed and ca_changed[-1]:
+            report(
+                f"Secret {store.namespace}/{request.ca_secret} changed during this run: "
+                f"the caBundle keeps its other CAs until a later run"
+            )
     return Outcome(ca_created, serving_issued, patched)
 
 

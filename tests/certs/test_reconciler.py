@@ -48,6 +48,8 @@ class Cluster:
     kill_after_writes: int | None = None
     writes: int = 0
     version: int = 100
+    on_read: dict[str, Any] = field(default_factory=dict)
+    """Secret name -> a callable run once, after that Secret is read (another writer)."""
 
     def bump(self) -> str:
         self.version += 1
@@ -106,7 +108,11 @@ class FakeCore:
         secret = self.cluster.secrets.get(name)
         if secret is None:
             raise ApiException(status=404, reason="Not Found")
-        return Response(json.dumps(secret).encode())
+        response = Response(json.dumps(secret).encode())
+        interleave = self.cluster.on_read.pop(name, None)
+        if interleave is not None:
+            interleave()
+        return response
 
     def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
         name = body["metadata"]["name"]
@@ -225,3 +231,22 @@ def test_the_old_ca_leaves_the_bundle_on_a_later_run(cluster: Cluster) -> None:
     writes = cluster.writes
     run(cluster, NOW + datetime.timedelta(days=21))
     assert cluster.writes == writes  # in line: nothing written
+
+
+def test_a_ca_rotation_during_a_renewal_run_keeps_the_new_ca_trusted(cluster: Cluster) -> None:
+    # The weekly CronJob has read the CA Secret and is about to drop the CAs other
+    # than that one from the bundle, when an admin, rotating the CA (delete the
+    # CA Secret, run the Job), completes a run: new CA in the bundle, serving
+    # certificate signed by it. The CronJob must not then leave the bundle
+    # trusting only the CA it read before: the webhook is about to serve the new one.
+    run(cluster, NOW)
+    later = NOW + datetime.timedelta(days=7)
+
+    def admin_rotates() -> None:
+        del cluster.secrets[REQUEST.ca_secret]
+        reconcile(object(), REQUEST, now=later, report=lambda _: None)  # type: ignore[arg-type]
+
+    cluster.on_read[REQUEST.secret] = admin_rotates
+    run(cluster, later)
+    cluster.now = later + KUBELET_LAG  # every webhook pod serves the new certificate now
+    cluster.check_trusted()
