@@ -42,6 +42,13 @@ TLS_TYPE = "kubernetes.io/tls"
 CA_TYPE = "Opaque"
 
 
+CA_REMEDY = (
+    "restore it, or delete it to issue a new CA (the caBundle keeps the CAs it has "
+    "until the webhook has the new serving certificate)"
+)
+"""What to do about an unusable CA Secret: the job never replaces one by itself."""
+
+
 class SecretError(ValueError):
     """A Secret exists but cannot be used as it is; the message names it and the field."""
 
@@ -101,15 +108,18 @@ def load_ca(
     secret: SecretState, now: datetime.datetime, renew_before: datetime.timedelta
 ) -> Issuer:
     """The CA held by ``secret``; SecretError naming the field if it is not a usable CA."""
-    certificate = _certificate(secret, CA_CERT)
-    key = _private_key(secret, CA_KEY)
-    if certificate is None or key is None:
-        missing = CA_CERT if certificate is None else CA_KEY
-        raise SecretError(f"{secret.ref}: data.{missing} is missing")
-    if not _same_public_key(certificate, key):
-        raise SecretError(f"{secret.ref}: {CA_KEY} does not match {CA_CERT}")
-    if not is_ca(certificate):
-        raise SecretError(f"{secret.ref}: {CA_CERT} is not a CA certificate (BasicConstraints)")
+    try:
+        certificate = _certificate(secret, CA_CERT)
+        key = _private_key(secret, CA_KEY)
+        if certificate is None or key is None:
+            missing = CA_CERT if certificate is None else CA_KEY
+            raise SecretError(f"{secret.ref}: data.{missing} is missing")
+        if not _same_public_key(certificate, key):
+            raise SecretError(f"{secret.ref}: {CA_KEY} does not match {CA_CERT}")
+        if not is_ca(certificate):
+            raise SecretError(f"{secret.ref}: {CA_CERT} is not a CA certificate (BasicConstraints)")
+    except SecretError as err:
+        raise SecretError(f"{err}; {CA_REMEDY}") from err
     expires = certificate.not_valid_after_utc
     if expires - now <= renew_before:
         # Serving certs are capped at the CA's expiry, so renewing them cannot help.
@@ -130,7 +140,10 @@ def check_serving(
         return Verdict(True, "missing")
     if secret.type != TLS_TYPE:
         # A Secret's type is immutable: an update cannot fix this, only a delete.
-        raise SecretError(f"{secret.ref}: type is {secret.type!r}, expected {TLS_TYPE!r}")
+        raise SecretError(
+            f"{secret.ref}: type is {secret.type!r}, expected {TLS_TYPE!r}; delete it (a "
+            f"Secret's type cannot change) and run again: a new one is issued"
+        )
     try:
         certificate = _certificate(secret, TLS_CERT)
         key = _private_key(secret, TLS_KEY)

@@ -4,7 +4,7 @@
 import base64
 import datetime
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -257,3 +257,40 @@ def test_an_update_keeps_the_resource_version_and_foreign_metadata() -> None:
     assert body["data"] == {"tls.crt": base64.b64encode(b"new").decode()}
     assert "stringData" not in body
     assert "resourceVersion" not in secret_body("ns", "tls", TLS_TYPE, {})["metadata"]
+
+
+def _without(data: dict[str, bytes], field: str) -> dict[str, bytes]:
+    return {key: value for key, value in data.items() if key != field}
+
+
+CA_EDITS: dict[str, Callable[[dict[str, bytes], dict[str, bytes]], dict[str, bytes]]] = {
+    "no key": lambda data, leaf: _without(data, "ca.key"),
+    "no cert": lambda data, leaf: _without(data, "ca.crt"),
+    "bad cert": lambda data, leaf: {**data, "ca.crt": b"-----BEGIN CERTIFICATE-----\nnope\n"},
+    "bad key": lambda data, leaf: {**data, "ca.key": b"not a key"},
+    "other key": lambda data, leaf: {
+        **data,
+        "ca.key": key_pem(ec.generate_private_key(ec.SECP256R1())),
+    },
+    "a leaf": lambda data, leaf: {"ca.crt": leaf["tls.crt"], "ca.key": leaf["tls.key"]},
+}
+
+
+@pytest.mark.parametrize("edit", CA_EDITS.values(), ids=CA_EDITS.keys())
+def test_an_unusable_ca_secret_says_what_to_do(
+    ca: tuple[Issuer, dict[str, bytes]],
+    issuer: Issuer,
+    edit: Callable[[dict[str, bytes], dict[str, bytes]], dict[str, bytes]],
+) -> None:
+    # The CronJob exits 2 on it every week: the message must say the way out.
+    data = edit(dict(ca[1]), issue_serving(issuer, SPEC, NOW)[1])
+
+    with pytest.raises(SecretError, match=r"; restore it, or delete it to issue a new CA"):
+        load_ca(state(data, name="ca"), NOW, 30 * DAY)
+
+
+def test_a_serving_secret_of_the_wrong_type_says_to_delete_it(issuer: Issuer) -> None:
+    secret = state(serving(issuer).data, type_="Opaque")
+
+    with pytest.raises(SecretError, match=r"; delete it .* a new one is issued"):
+        check_serving(secret, issuer, SPEC, NOW)
