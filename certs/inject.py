@@ -133,7 +133,7 @@ def inject_ca_bundle(
                 raise InjectError(
                     f"MutatingWebhookConfiguration {webhook} not found; apply the manifests first"
                 ) from err
-            raise InjectError(f"reading MutatingWebhookConfiguration {webhook}: {err}") from err
+            raise _api_error("get", webhook, err) from err
         configuration = json.loads(response.data)
         bundle = ca_pem
         if keep_others_at is not None:
@@ -148,9 +148,32 @@ def inject_ca_bundle(
         except ApiException as err:
             if err.status in (409, 422) and _test_failed(err):
                 continue  # changed since we read it: read again
-            raise InjectError(f"patching MutatingWebhookConfiguration {webhook}: {err}") from err
+            raise _api_error("patch", webhook, err) from err
         return Injection(len(configuration["webhooks"]), patched=True)
     raise InjectError(f"MutatingWebhookConfiguration {webhook} kept changing; try again")
+
+
+def _api_error(verb: str, webhook: str, err: ApiException) -> InjectError:
+    """One line: the status, the apiserver's message, and for a 403 the permission."""
+    message = str(err.body or "")[:300]
+    try:
+        status = json.loads(err.body or "")
+    except ValueError:
+        pass
+    else:
+        if isinstance(status, dict) and status.get("message"):
+            message = str(status["message"])
+    hint = ""
+    if err.status == 403:
+        hint = (
+            f"; the ServiceAccount needs '{verb}' on mutatingwebhookconfigurations/{webhook} "
+            "(ClusterRole headroom-certs)"
+        )
+    text = " ".join(
+        f"{verb} MutatingWebhookConfiguration {webhook}: {err.status} "
+        f"{err.reason}: {message}".split()
+    )
+    return InjectError(text + hint)
 
 
 def _test_failed(err: ApiException) -> bool:

@@ -2,15 +2,19 @@
 (The call against a real apiserver runs in the e2e suite.)"""
 
 import base64
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonpatch
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate
-from certs.inject import InjectError, ca_bundle_patch, has_ca_bundle, read_ca
+from certs.inject import InjectError, ca_bundle_patch, has_ca_bundle, inject_ca_bundle, read_ca
 
 
 def configuration(webhooks: int) -> dict[str, Any]:
@@ -95,3 +99,41 @@ def test_the_shipped_configuration_gives_the_eviction_check_the_same_ca(tmp_path
     bundles = {hook["name"]: hook["clientConfig"].get("caBundle") for hook in result["webhooks"]}
     assert set(bundles) == {"pods.headroom.dev", "agent-evictions.headroom.dev"}
     assert {base64.b64decode(b) for b in bundles.values()} == {ca}
+
+
+class _RefusingAdmission:
+    def __init__(self, verb: str, status: int, message: str) -> None:
+        self.verb, self.status, self.message = verb, status, message
+
+    def _refuse(self, verb: str) -> None:
+        if verb == self.verb:
+            err = ApiException(status=self.status, reason="Forbidden")
+            err.headers = {"Audit-Id": "0b5c", "Content-Type": "application/json"}
+            err.body = json.dumps({"kind": "Status", "message": self.message})
+            raise err
+
+    def read_mutating_webhook_configuration(self, name: str, **_: Any) -> Any:
+        self._refuse("get")
+        return SimpleNamespace(data=json.dumps(configuration(1)).encode())
+
+    def patch_mutating_webhook_configuration(self, name: str, body: Any, **_: Any) -> None:
+        self._refuse("patch")
+
+
+@pytest.mark.parametrize("verb", ["get", "patch"])
+def test_a_refused_read_or_patch_is_one_line_naming_the_permission(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, verb: str
+) -> None:
+    said = f'mutatingwebhookconfigurations "headroom" is forbidden: cannot {verb}'
+    admission = _RefusingAdmission(verb, 403, said)
+    monkeypatch.setattr(client, "AdmissionregistrationV1Api", lambda api: admission)
+    generate(tmp_path, service="headroom-webhook", namespace="hs")
+
+    with pytest.raises(InjectError) as raised:
+        inject_ca_bundle(object(), "headroom", (tmp_path / "ca.crt").read_bytes())  # type: ignore[arg-type]
+
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "Audit-Id" not in message
+    assert said in message
+    assert f"needs '{verb}' on mutatingwebhookconfigurations/headroom" in message
