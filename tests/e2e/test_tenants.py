@@ -545,3 +545,112 @@ def test_a_shared_pod_the_extender_cannot_read_is_charged_the_whole_gpu(
     left = re.search(r"(-[\d.]+) (MiB|GiB) headroom < 1.0 GiB declared", reason)
     assert left is not None, reason
     assert float(left[1]) * (1024 if left[2] == "GiB" else 1) <= -512, reason
+
+
+def test_kubernetes_1_34_paths_around_the_declaration_are_closed(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    # Kubernetes 1.34 ways a pod might get a GPU slot, or change what it holds,
+    # after admission or beside it: in-place resize (pods/resize), ephemeral
+    # containers, a Binding, spec.nodeName on a gated pod, pod-level resources, a
+    # GPU sidecar. Each is closed by Kubernetes itself (RBAC: edit grants none of
+    # pods/resize, pods/ephemeralcontainers, pods/binding; validation: resize changes
+    # cpu and memory only, ephemeral containers take no resources, pod-level
+    # resources are cpu, memory and hugepages) or by the admission policies. If an
+    # upgrade opens one, this fails. ResourceClaims are the tenant's to create (edit,
+    # with DRA on by default): README, "Hardening the NVIDIA stack".
+    ns = namespace("gpu-shared")
+    tenant_of(cluster, ns)
+    admin = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+    as_ada = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+    as_ada.set_default_header("Impersonate-User", TENANT)
+    core, tenant_core = k8s.CoreV1Api(admin), k8s.CoreV1Api(as_ada)
+
+    def refusal(call: Any, *args: Any) -> tuple[int, str]:
+        try:
+            call(*args)
+        except ApiException as err:
+            return err.status, str(err.body)
+        return 0, ""
+
+    code, out = create(cluster, gpu_pod(ns, "held", memory="4Gi"), f"--as={TENANT}")
+    assert code == 0, out
+    eventually(
+        "held bound",
+        lambda: bool(cluster.kubectl_json("get", "pod", "held", "-n", ns)["spec"].get("nodeName")),
+    )
+    smaller = {names.GPU_SHARED: "1", names.GPU_MEMORY: "1Mi"}
+    resize = {"spec": {"containers": [{"name": "main", "resources": {"limits": smaller}}]}}
+    status, body = refusal(tenant_core.patch_namespaced_pod_resize, "held", ns, resize)
+    assert status == 403, body
+    assert "pods/resize" in body, body
+    status, body = refusal(core.patch_namespaced_pod_resize, "held", ns, resize)
+    assert status == 422, body
+    assert "only cpu and memory resources are mutable" in body, body
+
+    debug = {
+        "spec": {
+            "ephemeralContainers": [
+                {"name": "debug", "image": "cuda", "resources": {"limits": smaller}}
+            ]
+        }
+    }
+    status, body = refusal(tenant_core.patch_namespaced_pod_ephemeralcontainers, "held", ns, debug)
+    assert status == 403, body
+    assert "pods/ephemeralcontainers" in body, body
+    status, body = refusal(core.patch_namespaced_pod_ephemeralcontainers, "held", ns, debug)
+    assert status == 422, body
+    assert "cannot be set for an Ephemeral Container" in body, body
+    limits = cluster.kubectl_json("get", "pod", "held", "-n", ns)["spec"]["containers"][0][
+        "resources"
+    ]["limits"]
+    assert limits == {names.GPU_SHARED: "1", names.GPU_MEMORY: "4Gi"}, limits
+
+    gated = shared_pod(ns, "gated", schedulingGates=[{"name": "example.com/wait"}])
+    code, out = create(cluster, gated, f"--as={TENANT}")
+    assert code == 0, out
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "gated", "namespace": ns},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+    }
+    status, body = refusal(tenant_core.create_namespaced_pod_binding, "gated", ns, binding)
+    assert status == 403, body
+    assert "pods/binding" in body, body
+    status, body = refusal(
+        tenant_core.patch_namespaced_pod, "gated", ns, {"spec": {"nodeName": NODE}}
+    )
+    assert status == 422, body
+    assert cluster.kubectl_json("get", "pod", "gated", "-n", ns)["spec"].get("nodeName") is None
+
+    pod_level = shared_pod(ns, "pod-level")
+    pod_level["spec"]["containers"][0]["resources"] = {}
+    pod_level["spec"]["resources"] = {"limits": smaller}
+    code, out = create(cluster, pod_level, f"--as={TENANT}")
+    assert code != 0, out
+    assert "spec.resources.limits" in out, out
+    assert "Unsupported value" in out, out
+
+    # A sidecar (restartable init container) is held to the same rules as any
+    # container: where the webhook only reports, the admission policy names it.
+    dry = namespace("gpu-shared-dryrun")
+    tenant_of(cluster, dry)
+    sidecar = shared_pod(dry, "sidecar")
+    sidecar["spec"]["initContainers"] = [
+        {
+            "name": "side",
+            "image": "cuda",
+            "restartPolicy": "Always",
+            "resources": {"limits": {names.GPU_SHARED: "1"}},
+        }
+    ]
+    code, out = create(cluster, sidecar, f"--as={TENANT}")
+    assert code != 0, out
+    assert 'container "side" asks for nvidia.com/gpu.shared but declares no' in out, out
+
+    code, out = as_tenant(cluster, "auth", "can-i", "create", "resourceclaims.resource.k8s.io",
+                          "-n", ns)  # fmt: skip
+    assert out.strip() == "yes", out
+    admin.close()
+    as_ada.close()
