@@ -35,7 +35,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to bind (default 127.0.0.1; use 0.0.0.0 in a Pod)",
+        help="address to bind (default 127.0.0.1, as shipped: kube-scheduler reaches it as a "
+        "sidecar, and /bind, which binds with this ServiceAccount's rights and no "
+        "authentication, must not be reachable from the pod network)",
     )
     add_kubeconfig(parser)
     parser.add_argument(
