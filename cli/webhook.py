@@ -94,7 +94,7 @@ def add_limits(parser: argparse.ArgumentParser) -> None:
 
     default = Limits()
     group = parser.add_argument_group(
-        "limits", "what one client may hold, and for how long (README: Limits)"
+        "limits", "what one client may hold, and for how long (README: The webhook under load)"
     )
     group.add_argument(
         "--max-connections",
