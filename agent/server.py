@@ -42,7 +42,7 @@ class AgentMetrics:
         )
         self.guard_actions = Counter(
             "headroom_agent_guard_actions_total",
-            "Guard actions taken, by kind (event, evict, evict-refused, error).",
+            "Guard actions taken, by kind (event, evict, evict-refused, delete, error).",
             ["kind"],
             registry=self.registry,
         )

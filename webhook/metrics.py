@@ -19,7 +19,7 @@ class WebhookMetrics:
         self.registry = CollectorRegistry()
         self.admissions = Counter(
             "headroom_webhook_admissions_total",
-            "Admission requests answered, by outcome (mutated, unchanged, skipped, denied, "
+            "Admission requests answered, by outcome (mutated, unchanged, skipped, denied, busy, "
             "dry-run, no-policy, invalid-policy, bad-request, too-large, error) and policy.",
             ["outcome", "policy"],
             registry=self.registry,
