@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Headroom on kind, for users with Docker. NOT exercised by CI here (CI has no
 # Docker engine; it runs the same manifests against a real control plane built
-# from source, see tests/e2e). kind nodes have no GPUs: the agent DaemonSet
-# finds no NVIDIA driver and reports NVMLAvailable=False; label and fake a node
-# as docs/kind.md shows to try scheduling.
+# from source, see tests/e2e). kind nodes have no GPUs and no
+# nvidia.com/gpu.present label, so the agent DaemonSet runs no pod at all; label
+# and fake a node as docs/kind.md shows to try scheduling.
 #
 #   hack/kind-up.sh            # cluster "headroom", image built and loaded
 #   CLUSTER=name hack/kind-up.sh
