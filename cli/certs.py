@@ -75,12 +75,19 @@ def add_parser(subparsers: Any) -> None:
     secret.add_argument("--namespace", required=True, help="the Service's (and Secrets') namespace")
     secret.add_argument("--service", required=True, help="the webhook's Service name")
     secret.add_argument(
-        "--secret", default="headroom-webhook-tls", help="serving Secret (kubernetes.io/tls)"
+        "--secret",
+        default="headroom-webhook-tls",
+        help="serving Secret (kubernetes.io/tls; default headroom-webhook-tls)",
     )
     secret.add_argument(
-        "--ca-secret", default="headroom-webhook-ca", help="CA Secret (ca.crt, ca.key)"
+        "--ca-secret",
+        default="headroom-webhook-ca",
+        help="CA Secret (ca.crt, ca.key; default headroom-webhook-ca)",
     )
-    secret.add_argument("--webhook", help="MutatingWebhookConfiguration to set the caBundle of")
+    secret.add_argument(
+        "--webhook",
+        help="MutatingWebhookConfiguration to set the caBundle of (default none: left alone)",
+    )
     secret.add_argument(
         "--renew-before",
         type=renewal_window,
