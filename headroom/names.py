@@ -44,7 +44,9 @@ ANNOTATION_GPU_MEMORY: Final = "headroom.dev/gpu-memory"
 ANNOTATION_GPU_MEMORY_CONTAINER_PREFIX: Final = "headroom.dev/gpu-memory."
 """User input: per-container override, ``headroom.dev/gpu-memory.<container>``."""
 
-# Written by the webhook, read by the extender and the agent's guard.
+# Written by the webhook as explanations. Only placement is read back (the
+# extender's choice between binpack and spread, a preference); nothing is charged
+# or guarded by them, since a tenant may patch a pod's annotations.
 ANNOTATION_POLICY: Final = "headroom.dev/policy"
 """The policy that decided this pod."""
 ANNOTATION_MODE: Final = "headroom.dev/mode"
