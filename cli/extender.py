@@ -23,6 +23,29 @@ from headroom.preemption import BUDGET_SECONDS
 
 log = logging.getLogger(__name__)
 
+BIND_SLACK_SECONDS = 2.0
+"""Beyond a binding POST's deadline: its etcd write may commit as the deadline ends."""
+
+
+def verify_after(text: str) -> float:
+    """A ``--verify-after`` no shorter than a binding POST can still be stored in.
+
+    A hold is read ``verify_after`` after its last POST began, and released if the pod
+    is not bound; a POST is refused by the apiserver only after its own ``timeout``
+    (extender.binding), so a read before then could let go of a charge about to land.
+    """
+    from extender.binding import REQUEST_TIMEOUT_SECONDS
+
+    seconds = duration(text)
+    least = REQUEST_TIMEOUT_SECONDS + BIND_SLACK_SECONDS
+    if seconds < least:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be at least {least:g}s (a binding POST may be stored up to "
+            f"{REQUEST_TIMEOUT_SECONDS:g}s after it is sent; a read before then could "
+            "release a pod about to be bound)"
+        )
+    return seconds
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -57,12 +80,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--verify-after",
-        type=duration,
+        type=verify_after,
         default=10.0,
         metavar="DURATION",
         help="a bound-or-maybe-bound pod the pod watch has not confirmed after this long is "
-        "read from the apiserver, and released only if it is not bound (default 10s; no "
-        "timer alone ever releases one)",
+        "read from the apiserver, and released only if it is not bound (default 10s, at "
+        "least 5s; no timer alone ever releases one)",
     )
     parser.add_argument(
         "--leader-lease",

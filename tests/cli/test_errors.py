@@ -110,3 +110,15 @@ def test_an_unreachable_apiserver_is_one_line_naming_it(
 
 def test_top_without_any_kubeconfig_says_where_it_looked(tmp_path: Path) -> None:
     one_line_error(headroom(tmp_path, "top"), 2, "~/.kube/config")
+
+
+@pytest.mark.parametrize("value", ["2s", "3500ms"])
+def test_a_verify_after_a_bind_could_outlive_is_refused(tmp_path: Path, value: str) -> None:
+    """A read sooner than a binding POST's own deadline (3 s) could find the pod unbound
+    while the POST may still be stored, and release a charge that is about to land."""
+    done = headroom(tmp_path, "extender", "--verify-after", value)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert "--verify-after" in error
+    assert "at least 5s" in error
