@@ -13,10 +13,12 @@ import copy
 import datetime
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from kubernetes import client
@@ -223,7 +225,7 @@ def test_the_old_ca_leaves_the_bundle_on_a_later_run(cluster: Cluster) -> None:
     old_ca = base64.b64decode(cluster.secrets[REQUEST.ca_secret]["data"]["ca.crt"])
     del cluster.secrets[REQUEST.ca_secret]
     run(cluster, NOW + datetime.timedelta(days=7))
-    run(cluster, NOW + datetime.timedelta(days=14))  # the weekly CronJob
+    run(cluster, NOW + datetime.timedelta(days=14))  # a later CronJob run
 
     new_ca = base64.b64decode(cluster.secrets[REQUEST.ca_secret]["data"]["ca.crt"])
     for hook in cluster.configuration["webhooks"]:
@@ -234,7 +236,7 @@ def test_the_old_ca_leaves_the_bundle_on_a_later_run(cluster: Cluster) -> None:
 
 
 def test_a_ca_rotation_during_a_renewal_run_keeps_the_new_ca_trusted(cluster: Cluster) -> None:
-    # The weekly CronJob has read the CA Secret and is about to drop the CAs other
+    # The CronJob has read the CA Secret and is about to drop the CAs other
     # than that one from the bundle, when an admin, rotating the CA (delete the
     # CA Secret, run the Job), completes a run: new CA in the bundle, serving
     # certificate signed by it. The CronJob must not then leave the bundle
@@ -250,3 +252,14 @@ def test_a_ca_rotation_during_a_renewal_run_keeps_the_new_ca_trusted(cluster: Cl
     run(cluster, later)
     cluster.now = later + KUBELET_LAG  # every webhook pod serves the new certificate now
     cluster.check_trusted()
+
+
+def test_the_renewal_cronjob_restores_a_deleted_serving_secret_within_the_hour() -> None:
+    """A webhook pod replaced after its serving Secret was deleted cannot mount it:
+    with both replicas replaced admission has no endpoint and every GPU pod in a
+    policy namespace is refused, until the next run puts the Secret back."""
+    path = Path(__file__).resolve().parents[2] / "manifests/base/certificates/cronjob.yaml"
+    schedule = yaml.safe_load(path.read_text())["spec"]["schedule"]
+    minute, hour, day, month, weekday = schedule.split()
+    assert minute.isdigit(), schedule
+    assert (hour, day, month, weekday) == ("*", "*", "*", "*"), schedule

@@ -282,7 +282,7 @@ def test_an_unusable_ca_secret_says_what_to_do(
     issuer: Issuer,
     edit: Callable[[dict[str, bytes], dict[str, bytes]], dict[str, bytes]],
 ) -> None:
-    # The CronJob exits 2 on it every week: the message must say the way out.
+    # The CronJob exits 2 on it every hour: the message must say the way out.
     data = edit(dict(ca[1]), issue_serving(issuer, SPEC, NOW)[1])
 
     with pytest.raises(SecretError, match=r"; restore it, or delete it to issue a new CA"):

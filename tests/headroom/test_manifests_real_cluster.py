@@ -148,7 +148,7 @@ def test_the_webhook_network_policy_admits_the_apiserver_through_konnectivity() 
 def test_docs_kind_leaves_headroom_schedulable_on_kinds_only_node() -> None:
     # hack/kind-up.sh creates kind's default cluster: one node. docs/kind.md then makes
     # that node the fake GPU node; a NoSchedule taint there (as the seeds' GPU nodes
-    # carry) once left the weekly certificates CronJob, and any webhook or scheduler
+    # carry) once left the certificates CronJob, and any webhook or scheduler
     # pod recreated by a rollout or an eviction, Pending for good.
     assert "--config" not in (ROOT / "hack/kind-up.sh").read_text()  # one node
     guide = (ROOT / "docs/kind.md").read_text()
