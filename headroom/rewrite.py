@@ -418,7 +418,10 @@ def _profile(resource: str) -> str:
 
 
 def mps_limit(memory: int) -> str:
-    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``'s value: whole GiB as ``G``, else MiB as ``M``."""
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``'s value: whole GiB as ``G``, else MiB as ``M``,
+    rounded down: the pin is what the client may allocate, never more than it declared
+    (the NVIDIA device plugin's own pins are whole MiB, rounded down too). The format
+    has nothing below ``1M``, which a declaration under 1 MiB is given."""
     if memory % GIB == 0:
         return f"{memory // GIB}G"
-    return f"{-(-memory // MIB)}M"
+    return f"{max(memory // MIB, 1)}M"

@@ -147,6 +147,17 @@ def test_rule8_mps_pins_the_declared_memory() -> None:
     assert result["spec"]["hostIPC"] is True
 
 
+def test_rule8_the_mps_pin_never_exceeds_the_declaration() -> None:
+    # 1.5G is 1430.5 MiB: a pin of 1431M (MiB, as the device plugin's own
+    # set_default_device_pinned_mem_limit reads it) would let the client allocate
+    # half a MiB more than it is charged, and the guard evict it for using its pin.
+    for declared, pin in (("1.5G", "0=1430M"), ("4608Mi", "0=4608M"), ("6Gi", "0=6G")):
+        pod = gpu_pod({"nvidia.com/gpu": "1"}, annotations={"headroom.dev/gpu-memory": declared})
+        result = patched(pod, run(pod, scheduling_policy(envHints=True, sharing="mps")))
+        hint = {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": pin}
+        assert hint in container(result)["env"]
+
+
 def test_rule8_an_env_the_user_set_is_never_overridden() -> None:
     pod = load_pod("multi-container")  # server sets TF_FORCE_GPU_ALLOW_GROWTH=false
     result = patched(pod, run(pod, scheduling_policy(envHints=True, sharing="mps")))
