@@ -224,7 +224,7 @@ def reconcile(
 
         def ca_unchanged() -> bool:
             current = store.get(request.ca_secret)
-            same = current is not None and current.data.get(CA_CERT) == ca_pem
+            same = current is not None and _holds(current, issuer.certificate)
             ca_changed.append(not same)
             return same
 
@@ -238,6 +238,15 @@ def reconcile(
                 f"the caBundle keeps its other CAs until a later run"
             )
     return Outcome(ca_created, serving_issued, patched)
+
+
+def _holds(secret: SecretState, certificate: x509.Certificate) -> bool:
+    """Whether ``secret``'s ca.crt is ``certificate``: compared as certificates, not as
+    bytes (load_ca reads a PEM written by hand, its newlines its own, the same)."""
+    try:
+        return x509.load_pem_x509_certificate(secret.data.get(CA_CERT) or b"") == certificate
+    except ValueError:
+        return False
 
 
 def _report_bundle(report: Report, webhook: str, injection: Any, done: str) -> None:

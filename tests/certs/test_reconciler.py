@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from certs.reconciler import Request, reconcile
+from certs.secrets import issue_ca, secret_body
 
 NOW = datetime.datetime(2030, 6, 1, tzinfo=datetime.UTC)
 KUBELET_LAG = datetime.timedelta(minutes=2)
@@ -263,3 +264,30 @@ def test_the_renewal_cronjob_restores_a_deleted_serving_secret_within_the_hour()
     minute, hour, day, month, weekday = schedule.split()
     assert minute.isdigit(), schedule
     assert (hour, day, month, weekday) == ("*", "*", "*", "*"), schedule
+
+
+def test_the_old_ca_leaves_the_bundle_after_a_ca_secret_written_by_hand(
+    cluster: Cluster,
+) -> None:
+    # An admin rotates the CA by putting one in the Secret by hand, as the CA error
+    # says ("restore it"): a YAML `stringData` block written `|-` drops the PEM's
+    # last newline, which load_ca reads the same. That is the CA the run read, not a
+    # change during it: the old CA must still leave, and no run may say otherwise.
+    run(cluster, NOW)
+    old_ca = base64.b64decode(cluster.secrets[REQUEST.ca_secret]["data"]["ca.crt"])
+    _issuer, data = issue_ca("an admin's CA", NOW)
+    by_hand = {**data, "ca.crt": data["ca.crt"].rstrip(b"\n")}
+    body = secret_body(NAMESPACE, REQUEST.ca_secret, "Opaque", by_hand)
+    body["metadata"]["resourceVersion"] = cluster.bump()
+    cluster.secrets[REQUEST.ca_secret] = body
+    run(cluster, NOW + datetime.timedelta(days=7))
+
+    said: list[str] = []
+    cluster.now = NOW + datetime.timedelta(days=14)
+    reconcile(object(), REQUEST, now=cluster.now, report=said.append)  # type: ignore[arg-type]
+
+    assert not [line for line in said if "changed during this run" in line], said
+    for hook in cluster.configuration["webhooks"]:
+        bundle = x509.load_pem_x509_certificates(base64.b64decode(hook["clientConfig"]["caBundle"]))
+        assert bundle == [x509.load_pem_x509_certificate(data["ca.crt"])]
+        assert x509.load_pem_x509_certificate(old_ca) not in bundle
