@@ -129,8 +129,8 @@ class Leadership:
         if holder != self.holder:
             log.info("scheduler lease %s: held by %s", self.lease, holder or "nobody")
         self.holder = holder
-        # A re-list replays the lease as it stands: only a new renewTime (compared for
-        # equality, never against this clock) shows the holder alive since.
+        # A re-list replays the lease as it stands: only a new renewTime (told new by
+        # equality, not by a clock) shows the holder alive since; its age is _stale's.
         renewal = (holder, spec.get("renewTime")) != self._seen
         self._seen = (holder, spec.get("renewTime"))
         if self._acquired_unseen(holder, transitions):
