@@ -30,6 +30,7 @@ WORKLOADS = {
     ("CronJob", "headroom-certs-renew"),
     ("Service", "headroom-webhook"),
     ("PodDisruptionBudget", "headroom-webhook"),
+    ("PodDisruptionBudget", "headroom-scheduler"),
 }
 SA = "system:serviceaccount:headroom-system:"
 REAL_NODE = {"headroom.dev/real-node": "true"}
@@ -154,6 +155,10 @@ def test_realnode_overlay_pins_the_base_to_the_real_node_and_weakens_nothing(
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in str(webhook)
     budget = real[("PodDisruptionBudget", "headroom-webhook")]["spec"]
     assert budget["minAvailable"] < webhook["spec"]["replicas"]
+    scheduling = real[("Deployment", "headroom-scheduler")]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in str(scheduling)
+    budget = real[("PodDisruptionBudget", "headroom-scheduler")]["spec"]
+    assert budget["minAvailable"] < scheduling["spec"]["replicas"]
 
 
 def test_cert_manager_overlay_replaces_the_certificates_job(cluster: Cluster) -> None:

@@ -171,3 +171,48 @@ def test_docs_kind_leaves_headroom_schedulable_on_kinds_only_node() -> None:
         tolerations = template["spec"].get("tolerations") or []
         for taint in taints:
             assert any(_tolerates(t, taint) for t in tolerations), (relative, taint)
+
+
+def _base_objects() -> list[dict[str, Any]]:
+    """Every object manifests/base installs (its kustomization's resources, as written)."""
+    objects: list[dict[str, Any]] = []
+    for relative in _load("manifests/base/kustomization.yaml")["resources"]:
+        objects += [d for d in yaml.safe_load_all((BASE / relative).read_text()) if d]
+    return objects
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector's matchLabels (the only part the manifests use) over ``labels``."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return bool(selector.get("matchLabels")) and labels.items() >= selector["matchLabels"].items()
+
+
+def test_a_drain_never_evicts_every_replica_of_a_component_at_once() -> None:
+    # `kubectl drain` evicts every pod of the node at once (one goroutine per pod,
+    # kubectl/pkg/drain), and the Eviction API lets each through unless a
+    # PodDisruptionBudget says no. Anti-affinity is only preferred, so both replicas
+    # of a Deployment may share the node being drained (or two nodes drained
+    # together, as node-pool upgrades and the cluster autoscaler do): without a
+    # budget, every replica goes at once. For headroom-scheduler that stops the
+    # scheduling of every shared GPU pod until a new pod is scheduled, started,
+    # and its extender has waited out the old leader's binds.
+    objects = _base_objects()
+    budgets = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        replicas = deployment["spec"].get("replicas", 1)
+        if replicas < 2:
+            continue
+        namespace = deployment["metadata"]["namespace"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        covering = [
+            b["spec"]
+            for b in budgets
+            if b["metadata"]["namespace"] == namespace and _selects(b["spec"]["selector"], labels)
+        ]
+        name = deployment["metadata"]["name"]
+        assert len(covering) == 1, (name, covering)  # two budgets: every eviction is a 500
+        (budget,) = covering
+        if "minAvailable" in budget:
+            assert 1 <= budget["minAvailable"] < replicas, (name, budget)
+        else:
+            assert 1 <= budget["maxUnavailable"] < replicas, (name, budget)
