@@ -216,3 +216,48 @@ def test_a_drain_never_evicts_every_replica_of_a_component_at_once() -> None:
             assert 1 <= budget["minAvailable"] < replicas, (name, budget)
         else:
             assert 1 <= budget["maxUnavailable"] < replicas, (name, budget)
+
+
+CRITICAL = ("system-node-critical", "system-cluster-critical")
+
+
+def test_critical_priority_pods_are_admitted_where_quota_limits_them_to_kube_system() -> None:
+    # GKE (and kube-up's GCE clusters: cluster/gce/gci/configure-helper.sh) configure
+    # the ResourceQuota admission plugin with limitedResources for pods whose
+    # PriorityClass is system-node-critical or system-cluster-critical: such a pod is
+    # refused ("insufficient quota to match these scopes", apiserver
+    # pkg/admission/plugin/resourcequota/controller.go CheckRequest) in any
+    # namespace with no ResourceQuota whose scopeSelector covers its class. There the
+    # webhook would never run (failurePolicy Fail: every GPU pod in policy
+    # namespaces refused), nor the scheduler or the agent.
+    objects = _base_objects()
+    quotas = [o for o in objects if o["kind"] == "ResourceQuota"]
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "DaemonSet")):
+        priority = workload["spec"]["template"]["spec"].get("priorityClassName")
+        namespace = workload["metadata"]["namespace"]
+        if priority not in CRITICAL or namespace == "kube-system":
+            continue
+        covering = [
+            q["spec"]
+            for q in quotas
+            if q["metadata"]["namespace"] == namespace
+            and any(
+                e["scopeName"] == "PriorityClass"
+                and e["operator"] == "In"
+                and priority in e.get("values", [])
+                for e in q["spec"].get("scopeSelector", {}).get("matchExpressions", [])
+            )
+        ]
+        assert covering, (workload["metadata"]["name"], priority)
+        for quota in covering:
+            # Room for an agent on every GPU node and for the rollouts' surge pods:
+            # a quota that runs out refuses them just the same.
+            assert set(quota["hard"]) == {"pods"}, quota
+            assert _count(quota["hard"]["pods"]) >= 100_000, quota
+
+
+def _count(quantity: str) -> int:
+    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9}
+    return (
+        int(quantity[:-1]) * suffixes[quantity[-1]] if quantity[-1] in suffixes else int(quantity)
+    )
