@@ -7,11 +7,17 @@ no Konnectivity. These read the manifests and the install instructions as a
 platform engineer would follow them.
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from headroom.quantity import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "manifests/base"
@@ -261,3 +267,38 @@ def _count(quantity: str) -> int:
     return (
         int(quantity[:-1]) * suffixes[quantity[-1]] if quantity[-1] in suffixes else int(quantity)
     )
+
+
+_AGENT_FLOOR = """
+import cli.main, agent.service, agent.nvml, agent.podresources
+from kubernetes import client
+api = client.ApiClient(client.Configuration())
+client.CoreV1Api(api), client.CustomObjectsApi(api)
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(int(status["VmHWM"].split()[0]) * 1024)
+"""
+
+
+def test_the_agent_requests_at_least_the_memory_it_holds_before_its_first_report() -> None:
+    # The DaemonSet runs on every GPU node: a request below what the agent always
+    # holds makes the scheduler count that much less of each node than is used.
+    # Its floor: the imports `headroom agent` makes (the official Kubernetes
+    # client, gRPC for kubelet's PodResources, aiohttp, pydantic) and its API
+    # clients, before any cache, measured here as bench/memory_bench.py does.
+    pytest.importorskip("grpc")
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc")
+    floor = int(
+        subprocess.run(
+            [sys.executable, "-c", _AGENT_FLOOR],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    (container,) = _pod_spec("manifests/base/agent/daemonset.yaml")["containers"]
+    request = parse_bytes(container["resources"]["requests"]["memory"])
+    limit = parse_bytes(container["resources"]["limits"]["memory"])
+    assert floor <= request < limit, (floor / 2**20, request / 2**20)
