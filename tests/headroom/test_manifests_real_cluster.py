@@ -302,3 +302,16 @@ def test_the_agent_requests_at_least_the_memory_it_holds_before_its_first_report
     request = parse_bytes(container["resources"]["requests"]["memory"])
     limit = parse_bytes(container["resources"]["limits"]["memory"])
     assert floor <= request < limit, (floor / 2**20, request / 2**20)
+
+
+def test_a_stopping_webhook_keeps_answering_until_its_endpoint_is_withdrawn() -> None:
+    # kube-apiserver calls the webhook through its Service, and a Terminating pod
+    # leaves the endpoints only once the EndpointSlice controller and the proxy have
+    # caught up; the apiserver does not retry a webhook call, so a pod it sends to a
+    # replica that stopped listening is refused. kubelet runs preStop before SIGTERM,
+    # and the webhook serves normally through it (then 2 s more after SIGTERM).
+    spec = _pod_spec("manifests/base/webhook/deployment.yaml")
+    (container,) = spec["containers"]
+    sleep = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
+    assert sleep.get("seconds", 0) >= 5, container.get("lifecycle")
+    assert sleep["seconds"] + 5 < spec.get("terminationGracePeriodSeconds", 30)
