@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from typing import Any
 
 from extender.requeue import RoomNotifier, Stamper
 from extender.state import ClusterState
@@ -146,12 +147,21 @@ async def test_a_start_with_no_room_seen_still_stamps_a_gpu_node() -> None:
     assert stamped == ["gpu-a"]
 
 
-def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
-    state = ClusterState(margin=0, stale_after=90.0)
+def watched(*nodes: dict[str, Any]) -> tuple[ClusterState, list[str]]:
+    """A state with ``nodes`` added, at :data:`EPOCH`; the rooms it tells from now on."""
+    now = EPOCH.timestamp()
+    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
     rooms: list[str] = []
     state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a"))
-    rooms.clear()  # a node added is room (test_a_node_added_or_offering_more_is_room...)
+    for node in nodes:
+        state.on_node("ADDED", node)
+    rooms.clear()
+    return state, rooms
+
+
+def test_a_pod_leaving_a_node_or_a_released_charge_is_room() -> None:
+    # A node added is room too (test_a_node_added_or_offering_more_is_room...).
+    state, rooms = watched(gpu_node("gpu-a"))
     pod = gpu_pod("p", node="gpu-a", declared="1Gi")
     state.on_pod("ADDED", pod)
     state.on_pod("MODIFIED", pod)  # an update is not room
@@ -171,12 +181,7 @@ def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
     # The memory of a deleted pod (a preemption victim) is released when the
     # agent's next report says so, after the pod's deletion was seen: without
     # this the preemptor waited for kube-scheduler's 5-minute flush.
-    now = EPOCH.timestamp()
-    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
-    rooms: list[str] = []
-    state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a"))
-    rooms.clear()
+    state, rooms = watched(gpu_node("gpu-a"))
     state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": 18 * GIB, "u2": 10 * GIB}}))
     assert rooms == ["gpu-a"]  # the first measured figures may show room
     rooms.clear()
@@ -192,11 +197,7 @@ def test_a_report_showing_usage_fall_is_room_and_a_heartbeat_is_not() -> None:
 
 def two_gpus_reporting_one_pod() -> tuple[ClusterState, list[str]]:
     """A 2-GPU node whose report shows pod u1 on GPU 0; the rooms told from now on."""
-    now = EPOCH.timestamp()
-    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
-    rooms: list[str] = []
-    state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    state, rooms = watched(gpu_node("gpu-a", gpus=2))
     state.on_report("ADDED", gpu_report("gpu-a", {0: {"u1": GIB}, 1: {}}))
     rooms.clear()
     return state, rooms
@@ -222,14 +223,10 @@ def test_a_pod_located_by_its_allocation_alone_is_room_too() -> None:
 
 def two_gpus_one_pod_bound() -> tuple[ClusterState, list[str], str, float]:
     """A 2-GPU node with one 10 GiB pod bound, using 12 GiB of GPU 0; its UID."""
-    now = EPOCH.timestamp()
-    state = ClusterState(margin=0, stale_after=90.0, clock=lambda: now)
-    rooms: list[str] = []
-    state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    state, rooms = watched(gpu_node("gpu-a", gpus=2))
     pod = gpu_pod("p", node="gpu-a", declared="10Gi", phase="Running")
     state.on_pod("ADDED", pod)
-    return state, rooms, pod["metadata"]["uid"], now
+    return state, rooms, pod["metadata"]["uid"], EPOCH.timestamp()
 
 
 def test_a_gpu_read_again_after_an_nvml_error_is_room() -> None:
@@ -297,12 +294,7 @@ def test_a_nomination_ended_is_room_where_it_was() -> None:
     # (ClusterState.ahead). kube-scheduler retries those pods when the preemptor is
     # deleted or its nomination moves, but may before the extender's watch shows it:
     # refused again, they waited for the 5-minute flush.
-    state = ClusterState(margin=0, stale_after=90.0)
-    rooms: list[str] = []
-    state.on_room = rooms.append
-    state.on_node("ADDED", gpu_node("gpu-a"))
-    state.on_node("ADDED", gpu_node("gpu-b"))
-    rooms.clear()
+    state, rooms = watched(gpu_node("gpu-a"), gpu_node("gpu-b"))
     urgent = gpu_pod("urgent", declared="30Gi")
     urgent["spec"]["priority"] = 1000
     urgent["status"]["nominatedNodeName"] = "gpu-a"
