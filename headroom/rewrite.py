@@ -383,8 +383,35 @@ class Rewrite:
         annotations = metadata.get("annotations")
         if not isinstance(annotations, dict):
             annotations = metadata["annotations"] = {}
+        before = annotation_bytes(annotations)
         annotations.update(wanted)
+        after = annotation_bytes(annotations)
+        if after > ANNOTATIONS_LIMIT:
+            # The apiserver checks after mutating admission, and would refuse the pod
+            # for a limit its author had not passed.
+            raise Denied(
+                f"metadata.annotations: the pod's annotations take {before} bytes, and "
+                f"Headroom's ({', '.join(wanted)}) would bring them to {after} bytes, above "
+                f"Kubernetes' limit of {ANNOTATIONS_LIMIT} (keys and values together): "
+                f"shorten them by {after - ANNOTATIONS_LIMIT} "
+                f"byte{'' if after - ANNOTATIONS_LIMIT == 1 else 's'}"
+            )
         self.annotations = wanted
+
+
+ANNOTATIONS_LIMIT = 256 * 1024
+"""kube-apiserver's limit on a pod's annotations, keys and values together, in bytes
+(``TotalAnnotationSizeLimitB``, apimachinery ``pkg/api/validation/objectmeta.go``)."""
+
+
+def annotation_bytes(annotations: Mapping[str, str]) -> int:
+    """Their size as the apiserver counts it: UTF-8 bytes of every key and value. A lone
+    surrogate (no JSON from the apiserver holds one) counts 3, as the U+FFFD that Go
+    decodes it to."""
+    return sum(
+        len(key.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass"))
+        for key, value in annotations.items()
+    )
 
 
 def _stray_memory(item: Placed, policy: str) -> None:

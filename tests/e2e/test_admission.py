@@ -159,6 +159,26 @@ def test_pod_above_max_memory_is_denied_with_a_clear_message(
     assert cluster.kubectl("get", "pod", "greedy", "-n", ns, check=False).returncode != 0
 
 
+def test_pod_the_webhook_annotations_would_take_past_the_limit_is_denied_by_the_webhook(
+    cluster: Cluster, namespace: NamespaceFactory
+) -> None:
+    """Without the check, the apiserver refused the mutated pod for a limit its author
+    had not passed (``metadata.annotations: Too long: may not be more than 262144 bytes``)."""
+    ns = namespace("gpu-shared")
+    pod = gpu_pod(ns, "annotated", memory="4Gi")
+    annotations = pod["metadata"].setdefault("annotations", {})
+    used = sum(len(key) + len(value) for key, value in annotations.items())
+    key = "example.com/notes"
+    annotations[key] = "x" * (262144 - 50 - used - len(key))
+    code, stderr = _create(cluster, pod)
+
+    assert code != 0
+    assert 'admission webhook "pods.headroom.dev" denied the request' in stderr, stderr
+    assert "metadata.annotations" in stderr, stderr
+    assert "262094 bytes" in stderr, stderr
+    assert cluster.kubectl("get", "pod", "annotated", "-n", ns, check=False).returncode != 0
+
+
 def test_webhook_down_fails_closed_for_gpu_pods_only(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:
