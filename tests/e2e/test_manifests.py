@@ -201,6 +201,11 @@ def test_networkpolicy_component_fits_the_workloads(cluster: Cluster, tmp_path: 
     ("account", "verb", "resource", "allowed"),
     [
         ("headroom-webhook", "watch", "gpusharingpolicies.headroom.dev", True),
+        ("headroom-webhook", "get", "gpusharingpolicies.headroom.dev", False),  # lists only
+        ("headroom-webhook", "list", "nodes", True),
+        ("headroom-webhook", "get", "nodes", False),
+        ("headroom-webhook", "get", "namespaces", True),  # one its watch has not shown yet
+        ("headroom-webhook", "get", "pods", True),  # the pod the agent asks to evict
         ("headroom-webhook", "create", "pods", False),
         ("headroom-webhook", "get", "secrets", False),
         ("headroom-scheduler", "create", "pods --subresource=binding", True),
