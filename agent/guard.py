@@ -31,7 +31,11 @@ happens, so one spike between two ticks is ignored. Then, once per episode (an
 episode ends when the pod is back within its declaration):
 
 - a Warning Event ``GPUMemoryOverDeclared`` on the pod, unless the policy's
-  ``guard`` is ``off``;
+  ``guard`` is ``off``; at most one per :data:`WARN_EVERY_SECONDS` on a pod
+  whose episodes come and go (a notebook that frees and grows again every half
+  minute would write an Event each time, 1,000 a minute from 500 such pods,
+  each kept an hour), unless it says the guard evicts. client-go's event
+  recorder refills its budget per object at the same rate;
 - under ``guard: evict``, an eviction through the Eviction API; where a
   PodDisruptionBudget refuses it, a deletion (the service does both): the
   tenant may write a PDB over their own pod, and it must not switch the guard
@@ -62,7 +66,8 @@ service acts.
 """
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -81,6 +86,9 @@ GuardAction = Literal["off", "warn", "evict"]
 DEFAULT_ACTION: GuardAction = "warn"
 EVICTION_GRACE_SECONDS = 30
 """The longest the guard lets a pod it evicts take to stop (Kubernetes' default)."""
+WARN_EVERY_SECONDS = 300.0
+"""The least time between two warn-only Events on one pod (client-go's event spam
+filter refills an object's budget at this rate)."""
 
 
 @dataclass(frozen=True)
@@ -276,11 +284,21 @@ def overuse(devices: list[DeviceUse], allowed: Allowance) -> str:
 
 
 class Guard:
-    def __init__(self, grace: int = 2) -> None:
+    def __init__(
+        self,
+        grace: int = 2,
+        *,
+        warn_every: float = WARN_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if grace < 1:
             raise ValueError("grace must be at least 1 observation")
         self.grace = grace
+        self._warn_every = warn_every
+        self._clock = clock
         self._episodes: dict[str, _Episode] = {}
+        self._warned_at: dict[str, float] = {}
+        """UID -> when its last warn-only Event was asked for."""
 
     def observe(
         self,
@@ -292,6 +310,8 @@ class Guard:
         """What to do after one observation; ``pods`` is keyed by UID, ``namespaces`` by name."""
         usage = usage_by_pod(status)
         verdicts: list[Verdict] = []
+        for uid in [uid for uid in self._warned_at if uid not in pods]:
+            del self._warned_at[uid]  # gone
         for uid in list(self._episodes):
             if uid not in pods:
                 del self._episodes[uid]  # gone
@@ -331,6 +351,7 @@ class Guard:
 
     def event_failed(self, uid: str) -> None:
         """The Event could not be recorded: warn again on the next observation."""
+        self._warned_at.pop(uid, None)
         if uid in self._episodes:
             self._episodes[uid].warned = False
             self._episodes[uid].announced = False
@@ -359,7 +380,13 @@ class Guard:
             episode.warned = True
             episode.announced = evicting or episode.evicted
             message = reason + ("; policy guard is evict: evicting" if episode.announced else "")
-            verdicts.append(Verdict("event", namespace, name, uid, message))
+            now = self._clock()
+            if episode.announced:
+                verdicts.append(Verdict("event", namespace, name, uid, message))
+            elif now - self._warned_at.get(uid, -self._warn_every) >= self._warn_every:
+                self._warned_at[uid] = now
+                verdicts.append(Verdict("event", namespace, name, uid, message))
+            # else: this pod was warned of an earlier episode moments ago.
         if evicting:
             episode.evicted = True
             verdicts.append(Verdict("evict", namespace, name, uid, reason, _grace(pod)))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.gpuspec import GPUSpec
-from agent.guard import Guard, guard_action
+from agent.guard import WARN_EVERY_SECONDS, Guard, guard_action
 from agent.reporter import Reporter
 from agent.service import Agent
 from agent.simulated import SimulatedProbe
@@ -119,19 +119,41 @@ def test_figures_carried_for_a_gpu_nvml_cannot_read_are_not_judged() -> None:
     assert guard.observe(failing, pods, POLICIES, NAMESPACES) == []
 
 
-def test_warn_records_one_event_per_episode() -> None:
-    guard = Guard(grace=2)
+def test_warn_records_one_event_per_episode_and_one_per_five_minutes_a_pod() -> None:
+    clock = Clock()
+    guard = Guard(grace=2, clock=clock.monotonic)
     pods = {"a": guarded("a", "std")}
     over, under = report({"a": 12 * GIB}), report({"a": 9 * GIB})
+
+    def episode() -> list[list[str]]:
+        for _ in range(2):  # back within bounds, as long as it took to act: the episode ends
+            guard.observe(under, pods, POLICIES, NAMESPACES)
+        return [[v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)] for r in (over,) * 3]
+
     kinds = [
         [v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)]
         for r in (over, over, over, over)
     ]
     assert kinds == [[], ["event"], [], []]
-    for _ in range(2):  # back within bounds, as long as it took to act: the episode ends
-        guard.observe(under, pods, POLICIES, NAMESPACES)
-    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)] for r in (over, over)]
-    assert kinds == [[], ["event"]]
+    # A pod whose episodes come and go: one Event per five minutes, not one per episode
+    # (500 such notebooks, an episode each half minute: 1,000 Events a minute).
+    clock.advance(30)
+    assert episode() == [[], [], []]
+    clock.advance(WARN_EVERY_SECONDS - 30)
+    assert episode() == [[], ["event"], []]
+    clock.advance(60)
+    assert episode() == [[], [], []]
+
+
+def test_an_event_saying_the_guard_evicts_is_never_held_back() -> None:
+    clock = Clock()
+    guard = Guard(grace=1, clock=clock.monotonic)
+    pods = {"e": guarded("e", "strict")}
+    over, under = report({"e": 12 * GIB}), report({"e": 9 * GIB})
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event", "evict"]
+    guard.observe(under, pods, POLICIES, NAMESPACES)  # the eviction is refused; it comes back
+    clock.advance(10)
+    assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event", "evict"]
 
 
 def test_event_names_the_usage_the_declaration_and_the_gpu() -> None:
@@ -171,11 +193,11 @@ def test_refused_eviction_is_retried() -> None:
 
 
 def test_an_event_that_could_not_be_recorded_is_retried() -> None:
-    guard = Guard(grace=1)
+    guard = Guard(grace=1, clock=Clock().monotonic)
     pods = {"w": guarded("w", "std")}
     over = report({"w": 12 * GIB})
     assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event"]
-    guard.event_failed("w")  # the apiserver was unreachable
+    guard.event_failed("w")  # the apiserver was unreachable: not held back as just sent
     assert [v.kind for v in guard.observe(over, pods, POLICIES, NAMESPACES)] == ["event"]
     assert guard.observe(over, pods, POLICIES, NAMESPACES) == []  # recorded now: once per episode
 
