@@ -619,7 +619,9 @@ async def test_a_client_that_never_reads_its_answers_is_cut_off(serve: ServerFac
 
 def large_review() -> bytes:
     review = review_json("deployment-pod-shared")
-    review["request"]["object"]["metadata"]["annotations"]["note"] = "x" * (300 * 1024)
+    # In an env value: annotations past 256 KiB are denied (the apiserver would refuse them).
+    container = review["request"]["object"]["spec"]["containers"][0]
+    container.setdefault("env", []).append({"name": "NOTE", "value": "x" * (300 * 1024)})
     return json.dumps(review).encode()
 
 
