@@ -35,7 +35,9 @@ episode ends when the pod is back within its declaration):
   whose episodes come and go (a notebook that frees and grows again every half
   minute would write an Event each time, 1,000 a minute from 500 such pods,
   each kept an hour), unless it says the guard evicts. client-go's event
-  recorder refills its budget per object at the same rate;
+  recorder refills its budget per object at the same rate. An episode held back
+  that lasts is warned of once the time is up: the Event of a brief overrun must
+  not stand for a lasting one that follows it;
 - under ``guard: evict``, an eviction through the Eviction API; where a
   PodDisruptionBudget refuses it, a deletion (the service does both): the
   tenant may write a PDB over their own pod, and it must not switch the guard
@@ -377,16 +379,19 @@ class Guard:
         # did not announce it (the namespace relabelled to an evict policy meanwhile). An
         # Event retried after it failed says so of an eviction already done beside it.
         if not episode.warned or (evicting and not episode.announced):
-            episode.warned = True
-            episode.announced = evicting or episode.evicted
-            message = reason + ("; policy guard is evict: evicting" if episode.announced else "")
+            announced = evicting or episode.evicted
+            message = reason + ("; policy guard is evict: evicting" if announced else "")
             now = self._clock()
-            if episode.announced:
+            if announced:
+                episode.warned = episode.announced = True
                 verdicts.append(Verdict("event", namespace, name, uid, message))
             elif now - self._warned_at.get(uid, -self._warn_every) >= self._warn_every:
+                episode.warned, episode.announced = True, False
                 self._warned_at[uid] = now
                 verdicts.append(Verdict("event", namespace, name, uid, message))
-            # else: this pod was warned of an earlier episode moments ago.
+            # else: this pod was warned of an earlier episode moments ago. This one is not
+            # marked warned: if it lasts, it is warned of once the time is up, so that a
+            # brief overrun's Event does not stand for a lasting one that followed it.
         if evicting:
             episode.evicted = True
             verdicts.append(Verdict("evict", namespace, name, uid, reason, _grace(pod)))

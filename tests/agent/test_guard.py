@@ -487,3 +487,30 @@ def test_a_pod_that_frees_everything_between_bursts_is_acted_on() -> None:
         usage = {} if used is None else {"a": used * GIB}
         verdicts += guard.observe(report(usage), pods, POLICIES, NAMESPACES)
     assert [v.kind for v in verdicts][:2] == ["event", "evict"]
+
+
+def test_an_episode_that_lasts_is_warned_of_once_the_five_minutes_are_up() -> None:
+    """A pod warned of a short episode, then over again at once and for good, is warned of
+    the lasting one when the five minutes are up: a tenant's brief small overrun must not
+    stand for the big one that follows (say, on a GPU kubelet never gave it)."""
+    clock = Clock()
+    guard = Guard(grace=2, clock=clock.monotonic)
+    pods = {"a": guarded("a", "std")}
+    over, under = report({"a": 12 * GIB}), report({"a": 9 * GIB})
+    kinds = [[v.kind for v in guard.observe(r, pods, POLICIES, NAMESPACES)] for r in (over, over)]
+    assert kinds == [[], ["event"]]
+    for _ in range(2):
+        clock.advance(5)
+        guard.observe(under, pods, POLICIES, NAMESPACES)  # the episode ends
+    bigger = report({"a": 30 * GIB})
+    events = []
+    for _ in range(120):  # ten minutes over, a tick every 5 s
+        clock.advance(5)
+        events += [
+            (clock.seconds, v.message)
+            for v in guard.observe(bigger, pods, POLICIES, NAMESPACES)
+            if v.kind == "event"
+        ]
+    assert len(events) == 1, events
+    assert events[0][0] >= WARN_EVERY_SECONDS
+    assert "30" in events[0][1]
