@@ -72,8 +72,9 @@ def test_a_dry_run_warns_and_admits_unchanged() -> None:
 
 
 def test_an_annotation_the_webhook_overwrites_counts_once() -> None:
-    """A tenant's own headroom.dev/mode is replaced, not added to."""
-    pod = padded(LIMIT - added_bytes() - 100, key="headroom.dev/mode")
+    """A tenant's own headroom.dev/mode is replaced, not added to: its long value plus
+    the webhook's annotations would pass the limit, the replaced pod's do not."""
+    pod = padded(LIMIT - added_bytes() + 100, key="headroom.dev/mode")
     decision = run(pod)
     assert decision.outcome == "mutated", decision.message
     assert annotation_bytes(patched(pod, decision)["metadata"]["annotations"]) <= LIMIT
