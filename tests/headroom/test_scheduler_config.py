@@ -6,6 +6,7 @@ listed twice (``duplicate extender managed resource name``, pkg/scheduler/apis/
 config/validation): a MIG profile missing here is placed without the extender.
 """
 
+import re
 from pathlib import Path
 
 import yaml
@@ -44,3 +45,10 @@ def test_every_profile_headroom_knows_is_listed_with_its_media_variant_for_1g() 
     assert {"1g.12gb", "3g.47gb", "1g.18gb", "3g.71gb", "7g.141gb", "1g.23gb", "7g.180gb"} <= listed
     for profile in ("1g.5gb", "1g.10gb", "1g.6gb", "1g.12gb", "1g.18gb", "1g.23gb"):
         assert f"{profile}+me" in listed
+
+
+def test_the_readme_counts_the_profiles_listed() -> None:
+    readme = (CONFIGMAP.parents[3] / "README.md").read_text()
+    match = re.search(r"`manifests/base` lists the (\d+) profiles", readme)
+    assert match is not None
+    assert int(match[1]) == len(managed()) - 1  # all but nvidia.com/gpu.shared
