@@ -4,7 +4,8 @@ headroom-scheduler's pod runs the upstream kube-scheduler (v1.34.4, the
 ``kube-scheduler`` container of manifests/base/scheduler/deployment.yaml)
 beside the extender. bench/memory_bench.py measures the extender and the
 webhook; this measures the kube-scheduler container against its limit, read
-from that manifest (512Mi), as a scheduler restart or failover meets a full
+from that manifest (2Gi, with GOMEMLIMIT 1600MiB; it was 512Mi, under what
+5,000 nodes alone take), as a scheduler restart or failover meets a full
 cluster: it lists and caches every Node and every assigned Pod (of any
 scheduler), plus the CSINodes, ReplicaSets and namespaces its plugins watch.
 
@@ -121,6 +122,14 @@ NOW = "2026-11-24T07:00:00Z"
 
 def _progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def shipped_env(root: Path = ROOT) -> dict[str, str]:
+    """The kube-scheduler container's env as shipped (its GOMEMLIMIT)."""
+    deployment = yaml.safe_load((root / DEPLOYMENT.relative_to(ROOT)).read_text())
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in containers if c["name"] == CONTAINER]
+    return {str(e["name"]): str(e["value"]) for e in container.get("env", []) if "value" in e}
 
 
 def shipped(root: Path = ROOT) -> tuple[dict[str, Any], int, int]:
@@ -694,7 +703,7 @@ class Scheduler:
             config=self.state.admin_kubeconfig,
             configuration=self.configuration,
         )
-        if self.gomemlimit:
+        if self.gomemlimit and self.gomemlimit != "off":
             component.env = {"GOMEMLIMIT": self.gomemlimit}
         started = time.monotonic()
         component.start()
@@ -867,7 +876,9 @@ def main() -> None:
         "--timeout", type=float, default=600.0, help="seconds a sync may take (default 600)"
     )
     parser.add_argument(
-        "--gomemlimit", help="an experiment: GOMEMLIMIT for kube-scheduler (e.g. 1600MiB)"
+        "--gomemlimit",
+        default=shipped_env().get("GOMEMLIMIT"),
+        help="GOMEMLIMIT for kube-scheduler (default: the shipped container's; 'off': none)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the state dir (logs, etcd)")
     args = parser.parse_args()
