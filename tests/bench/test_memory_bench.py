@@ -1,27 +1,20 @@
 """The memory benchmark holds each component's peak against the limit it is shipped
 with. The measurement itself is a benchmark (bench/memory_bench.py)."""
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import yaml
 
+from tests.bench import load_bench
+
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "memory_bench.py"
 MIB = 2**20
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("memory_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["memory_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("memory_bench")
 
 
 def test_the_limits_are_the_shipped_containers(tmp_path: Path) -> None:

@@ -2,22 +2,13 @@
 needs victims beyond kube-scheduler's, and the verb keeps each node it can free.
 The timing itself is a benchmark (bench/preemption_bench.py)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "preemption_bench.py"
+from tests.bench import load_bench
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preemption_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["preemption_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("preemption_bench")
 
 
 async def test_every_candidate_needs_victims_added_and_is_kept() -> None:

@@ -1,7 +1,6 @@
 """The scheduler storm's own logic: what it changes in a scheduler's configuration, and
 which round it reports. The storm itself is a benchmark (bench/scheduler_bench.py)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +12,12 @@ import yaml
 
 from devcluster import controlplane
 from devcluster.components import extender_configuration
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "scheduler_bench.py"
+from tests.bench import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scheduler_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scheduler_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scheduler_bench")
 
 
 def headroom_scheduler(tmp_path: Path) -> tuple[Any, Path]:

@@ -2,9 +2,7 @@
 shipped limit, on objects shaped as it says. The measurement itself is a benchmark
 (bench/scheduler_memory_bench.py: it starts etcd, an apiserver and kube-scheduler)."""
 
-import importlib.util
 import shutil
-import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -12,20 +10,14 @@ from types import ModuleType
 import yaml
 
 from headroom import names
+from tests.bench import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "scheduler_memory_bench.py"
 MIB = 2**20
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scheduler_memory_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scheduler_memory_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scheduler_memory_bench")
 
 
 def test_the_configuration_and_limit_are_the_shipped_ones(tmp_path: Path) -> None:
