@@ -124,22 +124,24 @@ def _progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def shipped_env(root: Path = ROOT) -> dict[str, str]:
-    """The kube-scheduler container's env as shipped (its GOMEMLIMIT)."""
+def _shipped_container(root: Path) -> dict[str, Any]:
     deployment = yaml.safe_load((root / DEPLOYMENT.relative_to(ROOT)).read_text())
     containers = deployment["spec"]["template"]["spec"]["containers"]
     (container,) = [c for c in containers if c["name"] == CONTAINER]
-    return {str(e["name"]): str(e["value"]) for e in container.get("env", []) if "value" in e}
+    return dict(container)
+
+
+def shipped_env(root: Path = ROOT) -> dict[str, str]:
+    """The kube-scheduler container's env as shipped (its GOMEMLIMIT)."""
+    env = _shipped_container(root).get("env", [])
+    return {str(e["name"]): str(e["value"]) for e in env if "value" in e}
 
 
 def shipped(root: Path = ROOT) -> tuple[dict[str, Any], int, int]:
     """(KubeSchedulerConfiguration, memory request, memory limit in bytes) as shipped."""
     configmap = yaml.safe_load((root / CONFIGMAP.relative_to(ROOT)).read_text())
     configuration: dict[str, Any] = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
-    deployment = yaml.safe_load((root / DEPLOYMENT.relative_to(ROOT)).read_text())
-    containers = deployment["spec"]["template"]["spec"]["containers"]
-    (container,) = [c for c in containers if c["name"] == CONTAINER]
-    memory = container["resources"]
+    memory = _shipped_container(root)["resources"]
     request = parse_bytes(str(memory["requests"]["memory"]))
     limit = parse_bytes(str(memory["limits"]["memory"]))
     return configuration, request, limit
