@@ -343,17 +343,25 @@ class Rewrite:
             return
         where = f"{item.request.container.where}.env"
         env = sequence(body, "env", where)
-        present = set()
+        present: dict[str, dict[str, Any]] = {}
         for index, entry in enumerate(env):
             if not isinstance(entry, dict):
                 raise PodError(f"{where}[{index}]: expected an object, got {json_type(entry)}")
             name = entry.get("name")
             if not isinstance(name, str):
                 raise PodError(f"{where}[{index}].name: expected a string, got {json_type(name)}")
-            present.add(name)
+            present[name] = entry
         hints = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
         if spec.sharing == "mps" and item.memory is not None:
-            hints["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_limit(item.memory)}"
+            pin = f"0={mps_limit(item.memory)}"
+            hints[MPS_PIN] = pin
+            own = present.get(MPS_PIN)
+            if own is not None and own.get("value") != pin:
+                # Never overridden; it may allow more than the declaration, which the
+                # guard then holds the pod to (and the extender charges what it holds).
+                self.notes.append(
+                    f"own {MPS_PIN} kept, not {pin} (the guard still applies): {item.label}"
+                )
         new = [
             {"name": name, "value": value} for name, value in hints.items() if name not in present
         ]
@@ -442,6 +450,9 @@ def _label(container: Container) -> str:
 
 def _profile(resource: str) -> str:
     return profile_from_resource(resource) or resource[len(names.MIG_PREFIX) :]
+
+
+MPS_PIN = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 
 def mps_limit(memory: int) -> str:

@@ -170,6 +170,32 @@ def test_rule8_an_env_the_user_set_is_never_overridden() -> None:
     assert "env" not in shipper
 
 
+def test_rule8_a_pin_the_user_set_is_kept_and_said_so() -> None:
+    # Kept (the user's env is never overridden), but it may allow more than the
+    # declaration: the guard, not the pin, then holds the pod to it.
+    for user in ({"value": "0=20G"}, {"valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}):
+        pod = gpu_pod({"nvidia.com/gpu": "1"}, annotations={"headroom.dev/gpu-memory": "6Gi"})
+        pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", **user}]
+        decision = run(pod, scheduling_policy(envHints=True, sharing="mps"))
+        env = container(patched(pod, decision))["env"]
+        assert [e for e in env if e["name"] == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == [
+            {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", **user}
+        ]
+        (note,) = [w for w in decision.warnings if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in w]
+        assert 'container "c0"' in note
+        assert "0=6G" in note  # the pin its declaration gives
+        assert "kept" in note
+
+
+def test_rule8_a_pin_the_user_set_to_headrooms_own_value_says_nothing() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, annotations={"headroom.dev/gpu-memory": "6Gi"})
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=6G"}
+    ]
+    decision = run(pod, scheduling_policy(envHints=True, sharing="mps"))
+    assert not [w for w in decision.warnings if "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in w]
+
+
 def test_rule8_no_hints_beside_envfrom_which_may_set_them() -> None:
     # env overrides envFrom in Kubernetes, so an added hint could override a
     # value the user set in a ConfigMap.
