@@ -394,6 +394,21 @@ async def test_filter_mig_pod_by_free_slices(harness: Harness) -> None:
     assert scores == [{"Host": "mig-b", "Score": 5}]  # binpack: one of two slices left
 
 
+@pytest.mark.parametrize("profile", ["1g.18gb", "7g.141gb", "1g.10gb+me", "1g.24gb+gfx"])
+async def test_filter_counts_slices_of_profiles_outside_the_built_in_table(
+    harness: Harness, profile: str
+) -> None:
+    # The shipped managedResources now send pods of H200, B200 and media-variant slices
+    # here too (manifests/base/scheduler/configmap.yaml): counted by the node's capacity.
+    harness.state.on_node("ADDED", gpu_node("full", replicas=1, mig={profile: 1}))
+    harness.state.on_node("ADDED", gpu_node("free", replicas=1, mig={profile: 1}))
+    harness.state.on_pod("ADDED", gpu_pod("held", node="full", mig=profile, declared="1Gi"))
+    args = {"Pod": gpu_pod("new", mig=profile, declared="1Gi"), "NodeNames": ["full", "free"]}
+    _, result = await post(harness, "filter", args)
+    assert result["NodeNames"] == ["free"]
+    assert result["FailedNodes"] == {"full": f"MIG {profile}: 1 of 1 slices in use, 1 wanted"}
+
+
 async def test_a_count_cut_to_64_bits_elsewhere_is_refused_and_charged_as_the_most(
     harness: Harness,
 ) -> None:
