@@ -391,10 +391,11 @@ class Rewrite:
         annotations = metadata.get("annotations")
         if not isinstance(annotations, dict):
             annotations = metadata["annotations"] = {}
-        before = annotation_bytes(annotations)
+        replaced = {key: annotations[key] for key in wanted if key in annotations}
         annotations.update(wanted)
         after = annotation_bytes(annotations)
         if after > ANNOTATIONS_LIMIT:
+            before = after - annotation_bytes(wanted) + annotation_bytes(replaced)
             # The apiserver checks after mutating admission, and would refuse the pod
             # for a limit its author had not passed.
             raise Denied(

@@ -53,6 +53,7 @@ def test_one_byte_more_is_denied_naming_the_field() -> None:
     assert decision.outcome == "denied"
     assert decision.patch == []
     assert "metadata.annotations" in decision.message
+    assert f"take {LIMIT - added_bytes() + 1} bytes" in decision.message  # the pod's own
     assert "262145 bytes" in decision.message
     assert "262144" in decision.message
 
@@ -78,6 +79,18 @@ def test_an_annotation_the_webhook_overwrites_counts_once() -> None:
     decision = run(pod)
     assert decision.outcome == "mutated", decision.message
     assert annotation_bytes(patched(pod, decision)["metadata"]["annotations"]) <= LIMIT
+
+
+def test_a_denial_counts_what_the_pod_held_before_an_overwritten_annotation() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": 1})
+    pod["metadata"]["annotations"] = {
+        "headroom.dev/mode": "m" * 1000,  # replaced by the webhook's "shared"
+        "example.com/notes": "x" * (LIMIT - 100),  # over even once it is replaced
+    }
+    own = annotation_bytes(pod["metadata"]["annotations"])
+    decision = run(pod)
+    assert not decision.allowed
+    assert f"take {own} bytes" in decision.message
 
 
 def test_a_lone_surrogate_never_raises() -> None:
