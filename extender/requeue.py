@@ -15,8 +15,9 @@ So when room may have appeared on a node, this stamps the node's annotation
 ``headroom.dev/room-at`` (coalesced: at most one patch per
 ``PATCH_EVERY_SECONDS`` in all, on one of the nodes where room appeared since
 the last; one that fails for want of an answer, a 429 or a 5xx is tried again
-as late, one a node gone refuses is made on another of them). A Node
-annotation change is an ``UpdateNodeAnnotation`` cluster event
+as late, on another of them first if there is one, so that a node whose every
+PATCH fails holds back no stamp; one a node gone refuses is made on another of
+them). A Node annotation change is an ``UpdateNodeAnnotation`` cluster event
 (framework/events.go), which moves those pods back to the active queue. The
 ValidatingAdmissionPolicy ``headroom-scheduler-node-annotation`` lets the
 scheduler's ServiceAccount change that annotation and nothing else.
@@ -79,6 +80,9 @@ class RoomNotifier:
         self._due = False
         """Whether a stamp is scheduled and not yet begun."""
         self._last = -float("inf")
+        self._failed: dict[str, float] = {}
+        """When a stamp on a node last failed for want of an answer, a 429 or a 5xx:
+        it is tried again, but after the other nodes with room."""
         self.stamped = 0
         self._tasks: set[asyncio.Task[None]] = set()
         """The stamps in flight: the loop keeps only a weak reference to a task."""
@@ -125,7 +129,7 @@ class RoomNotifier:
         rooms, self._rooms = self._rooms, set()
         if not rooms:
             return
-        node = min(rooms)
+        node = min(rooms, key=lambda name: (self._failed.get(name, -float("inf")), name))
         self._last = time.monotonic()
         when = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         try:
@@ -135,9 +139,13 @@ class RoomNotifier:
             log.info("node %s: could not stamp %s (%s)", node, ANNOTATION_ROOM_AT, reason)
             if not (isinstance(err, Unreachable) or err.status == 429 or err.status >= 500):
                 rooms.discard(node)  # refused for good (404: node gone): try another
+                self._failed.pop(node, None)
+            else:
+                self._failed[node] = self._last  # kept, but another with room goes first
             # The room is still untold (a stamp that may have landed only moves the
             # pods once more): without a stamp they wait for the flush.
             self._rooms |= rooms
             self._schedule()
             return
+        self._failed.pop(node, None)
         self.stamped += 1

@@ -100,6 +100,38 @@ async def test_a_stamp_that_failed_is_tried_again() -> None:
     assert notifier.stamped == 1
 
 
+async def test_a_node_failing_for_good_does_not_hold_back_the_stamps_on_others() -> None:
+    # One node's PATCH answers 500 every time (a webhook on nodes failing for it, an
+    # etcd key it cannot write): retried first on each round as the least name, no
+    # stamp was ever made while it had room, and every refused pod waited for the
+    # 5-minute flush. One Node event on any node moves them all: stamp another one,
+    # and keep trying the failing one while it is the only one with room.
+    attempts: list[str] = []
+    stamped: list[str] = []
+
+    async def broken_a(node: str, when: str) -> None:
+        attempts.append(node)
+        if node == "gpu-a":
+            raise ApiError(500, "Internal Server Error")
+        stamped.append(node)
+
+    notifier = RoomNotifier(broken_a, every=0.02)
+    notifier.room("gpu-a")
+    notifier.room("gpu-b")
+    await settled()
+    assert stamped == ["gpu-b"]
+    assert attempts[:2] == ["gpu-a", "gpu-b"]
+    notifier.room("gpu-c")
+    notifier.room("gpu-a")
+    await settled()
+    assert stamped == ["gpu-b", "gpu-c"]
+    before = len(attempts)
+    notifier.room("gpu-a")  # room on it alone: still due, tried again and again
+    await settled()
+    assert set(attempts[before:]) == {"gpu-a"}
+    assert len(attempts) - before >= 2
+
+
 async def test_a_stamp_refused_for_good_is_not_tried_again() -> None:
     # A node deleted (404), or a stamp the admission policy refuses: retrying helps nobody.
     attempts: list[str] = []
