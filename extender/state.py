@@ -40,6 +40,7 @@ from headroom.accounting import (
     History,
     NodeAccount,
     account_node,
+    foreign_replicas,
     homes,
     listed_twice,
     measured,
@@ -429,7 +430,8 @@ class ClusterState:
     ) -> History | None:
         """The node's history with the pods ``gone`` departed now, as :meth:`_drop` will
         record them: a pod bound here from where the report placed it, a pod only held
-        here (its bind may have landed, kubelet may have allocated it) from any GPU.
+        here (its bind may have landed, kubelet may have allocated it) from any GPU, a
+        pod the cache does not hold from where a report shows its replicas.
         With a ``horizon``, the history's start is where it will be by then: a pod
         created before that is then charged on every GPU."""
         if not self.spread or self._predates_cut(name):
@@ -447,6 +449,16 @@ class ClusterState:
                     left.extend([(now, self._departure_gpu(claim))] * claim.shared)
             elif uid in held and held[uid].shared:
                 left.extend([(now, None)] * held[uid].shared)
+        # A pod the cache does not hold that a report shows with a replica (the watch
+        # lags): gone from the report, its replicas no longer count where it held them
+        # (foreign_replicas); the watch will record it leaving once it delivers it, so
+        # they count as departures there, as a bound pod's do.
+        unknown = {uid for uid in gone if uid not in self.pods and uid not in held}
+        reports = [r for r in (self.reports.get(name), self.last_good.get(name)) if r]
+        if unknown and reports:
+            others = {u.uid for r in reports for gpu in r.gpus for u in gpu.pods} - unknown
+            for index, count in foreign_replicas(reports, others).items():
+                left.extend([(now, index)] * count)
         return History(since, history.departures + tuple(left))
 
     def _predates_cut(self, name: str) -> bool:

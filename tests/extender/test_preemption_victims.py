@@ -7,13 +7,17 @@ from typing import Any
 
 import pytest
 
-from extender.preemption import Budgets
+from extender.preemption import HORIZON_SECONDS, Budgets, preempt
+from extender.state import ClusterState
+from extender.wire import ExtenderPreemptionArgs, MetaPod, MetaVictims
 from headroom import names
 from headroom.claims import parse_claim
-from tests.extender.conftest import Harness
+from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import GIB, gpu_node, gpu_pod, gpu_report, stopped, uid_of
 from tests.extender.test_preemption import HIGH, ask, keep_budget, preemptor, resident
 from tests.extender.test_server import post
+from tests.extender.test_spread_unknown import iso
+from tests.extender.test_spread_unknown import report as allocated_report
 
 
 @pytest.fixture
@@ -163,3 +167,74 @@ def test_an_added_pod_never_goes_ahead_of_a_victim_this_cache_does_not_know(
         uid_of(low),
     ]
     assert _ordered(h.state, [uid_of(low)], [uid_of(high)]) == [uid_of(high), uid_of(low)]
+
+
+def _ghost_node() -> tuple[ClusterState, Clock, dict[str, Any], float]:
+    """A 2-GPU node whose report shows a replica on GPU 1 held by ``ghost``, a pod the
+    watch has not delivered yet, and p (24 GiB, unlocated) bound after it."""
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("n", gpus=2))
+    clock.now += 1
+    ghost_created = clock.now
+    state.on_report("ADDED", allocated_report("n", clock.now, {1: ["ghost"]}))
+    p = gpu_pod("p", node="n", declared="24Gi", uid="p", phase="Running")
+    p["metadata"]["creationTimestamp"] = iso(clock.now)
+    state.on_pod("ADDED", p)
+    clock.now += 1
+    return state, clock, p, ghost_created
+
+
+async def test_a_first_victim_the_watch_has_not_delivered_is_judged_as_it_will_leave() -> None:
+    # kube-scheduler names ghost, a pod bound on n that the extender's watch has not
+    # delivered yet; the agent's report shows its replica on GPU 1. The trial took its
+    # replica out of the report but recorded no departure for it, as the watch will
+    # once it delivers the pod and its deletion: ghost alone "made room", was evicted,
+    # and q was still refused there (p may sit on either GPU), evicted for nothing.
+    state, clock, p, ghost_created = _ghost_node()
+    q = gpu_pod("q", declared="24Gi", uid="q")
+    q["spec"]["priority"] = 100
+    claim = parse_claim(q)
+    assert not state.fit(claim, "n").fits
+    args = ExtenderPreemptionArgs(
+        Pod=q, NodeNameToMetaVictims={"n": MetaVictims(Pods=[MetaPod(UID="ghost")])}
+    )
+    answer = await preempt(args, state, {})
+    kept = answer.NodeNameToMetaVictims.get("n")
+    assert kept is not None  # the pod it knows nothing of drops no node
+    victims = [pod.UID for pod in kept.Pods]
+    assert victims[0] == "ghost"
+    # They leave as the watch will record it: ghost delivered, then every victim deleted.
+    ghost = gpu_pod("ghost", node="n", declared="8Gi", uid="ghost", phase="Running")
+    ghost["metadata"]["creationTimestamp"] = iso(ghost_created - 1)
+    state.on_pod("ADDED", ghost)
+    for pod in (ghost, p):
+        if uid_of(pod) in victims:
+            state.on_pod("DELETED", stopped(pod))
+    clock.now += HORIZON_SECONDS
+    state.on_report("MODIFIED", allocated_report("n", clock.now, {}))
+    assert state.fit(claim, "n").fits, victims
+
+
+async def test_a_first_victim_the_cache_cannot_know_frees_nothing_and_drops_no_node() -> None:
+    # A pod with no GPU (kube-scheduler frees CPU for the preemptor too): neither the
+    # cache nor the report holds it. It is answered first, as kube-scheduler ordered it,
+    # counted as freeing no GPU memory: the pods that do are added after it.
+    state, clock, *_ = _ghost_node()
+    state.on_report("MODIFIED", allocated_report("n", clock.now, {}))
+    q = gpu_pod("q", declared="24Gi", uid="q")
+    q["spec"]["priority"] = 100
+    claim = parse_claim(q)
+    assert state.fit(claim, "n", without="q", gone={"cpu-pod"}, horizon=HORIZON_SECONDS).fits
+    state.on_pod("ADDED", gpu_pod("r", node="n", declared="24Gi", uid="r", phase="Running"))
+    assert not state.fit(claim, "n", without="q", gone={"cpu-pod"}, horizon=HORIZON_SECONDS).fits
+    args = ExtenderPreemptionArgs(
+        Pod=q, NodeNameToMetaVictims={"n": MetaVictims(Pods=[MetaPod(UID="cpu-pod")])}
+    )
+    answer = await preempt(args, state, {})
+    kept = answer.NodeNameToMetaVictims.get("n")
+    assert kept is not None
+    victims = [pod.UID for pod in kept.Pods]
+    assert victims[0] == "cpu-pod"
+    assert len(victims) > 1
+    assert state.fit(claim, "n", without="q", gone=set(victims), horizon=HORIZON_SECONDS).fits
