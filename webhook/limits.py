@@ -33,7 +33,8 @@ class Limits:
     """Idle time after a response; kube-apiserver reuses a connection within
     milliseconds under load and redials cheaply after a quiet spell."""
     header_timeout: float = 5.0
-    """From a request's first byte (or the end of the handshake) to its last header."""
+    """From a request's first byte (or the end of the handshake, or the answer before
+    it for one begun meanwhile) to its last header."""
     body_timeout: float = 5.0
     """From the headers to the last byte of the body; the webhook configuration's
     timeoutSeconds is 5, after which the apiserver has given up anyway."""

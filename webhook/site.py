@@ -8,7 +8,9 @@
   buffer instead of 256 KiB, a handshake deadline, and a 2 s wait for the
   peer's close_notify instead of 30 s;
 - it gives a request ``header_timeout`` from its first byte (from the end of
-  the handshake, for a connection's first request) to its complete headers,
+  the handshake, for a connection's first request; from the answer before
+  it, for one begun while that was worked out, as Go's server does) to its
+  complete headers,
   and ``body_timeout`` from there to its complete body, and aborts the
   connection past either (Go's ReadHeaderTimeout and ReadTimeout); and it
   aborts a connection whose answer waits ``write_timeout`` for the client to
@@ -195,6 +197,8 @@ class _Guard(asyncio.Protocol):
         """Armed while the write buffer is full (between pause_ and resume_writing)."""
         self._request: web.BaseRequest | None = None
         """Set while the handler runs, that is once the headers are in."""
+        self._next = False
+        """Whether bytes of the next request came while this one was answered."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -204,8 +208,11 @@ class _Guard(asyncio.Protocol):
         self._arm(self._site._limits.header_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is None and self._request is None:
-            self._arm(self._site._limits.header_timeout)  # a new request's first byte
+        if self._request is None:
+            if self._timer is None:
+                self._arm(self._site._limits.header_timeout)  # a new request's first byte
+        elif self._request.content.is_eof():
+            self._next = True  # the next request's, while this one is answered
         self._handler.data_received(data)
 
     def eof_received(self) -> None:
@@ -248,6 +255,13 @@ class _Guard(asyncio.Protocol):
     def answered(self) -> None:
         self._request = None
         self._disarm()
+        if self._next:
+            # The next request began while this one was answered: aiohttp reads it
+            # now, and its keep-alive timer does not stop for a partial header. Its
+            # header deadline starts here, as Go's server starts ReadHeaderTimeout
+            # when it turns to a request already begun.
+            self._next = False
+            self._arm(self._site._limits.header_timeout)
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

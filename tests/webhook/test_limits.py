@@ -159,6 +159,71 @@ async def trickle(connection: Connection, data: bytes) -> None:
             await asyncio.sleep(0.05)
 
 
+async def test_a_next_header_begun_while_the_answer_is_worked_out_is_cut_off(
+    serve: ServerFactory,
+) -> None:
+    # On a kept-alive connection the next request's first bytes arrive while this one
+    # is answered: the header deadline did not start (a request was being handled) and
+    # was disarmed with the answer, so the partial header lived for the whole keep-alive
+    # (30 s), not the header deadline.
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    cache = fed_cache()
+    real = reviewer(cache, Admission(cache))
+
+    async def slow(request: AdmissionRequest) -> Verdict:
+        entered.set()
+        await release.wait()
+        return await real(request)
+
+    webhook = await serve(PATIENT, review=slow)
+    connection = await webhook.connect()
+    held = asyncio.create_task(admit(connection))
+    await entered.wait()
+    connection.writer.write(b"POST /mutate HTTP/1.1\r\nHost: web")
+    await connection.writer.drain()
+    await asyncio.sleep(0.1)
+    release.set()
+    assert (await held)["allowed"] is True
+    started = time.monotonic()
+
+    await closed_after(connection, 5.0)
+
+    assert time.monotonic() - started < FAST.header_timeout + 1.0
+    await connection.close()
+
+
+async def test_a_whole_request_sent_while_the_answer_is_worked_out_is_answered(
+    serve: ServerFactory,
+) -> None:
+    # The same with the next request complete, this answer out later than the header
+    # deadline after it came: it is read in full, and answered.
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    cache = fed_cache()
+    real = reviewer(cache, Admission(cache))
+
+    async def slow(request: AdmissionRequest) -> Verdict:
+        entered.set()
+        await release.wait()
+        return await real(request)
+
+    webhook = await serve(PATIENT, review=slow)
+    connection = await webhook.connect()
+    held = asyncio.create_task(admit(connection))
+    await entered.wait()
+    body = review_bytes("deployment-pod-shared")
+    head = f"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: {len(body)}\r\n\r\n"
+    connection.writer.write(head.encode() + body)
+    await connection.writer.drain()
+    await asyncio.sleep(FAST.header_timeout + 0.2)
+    release.set()
+    assert (await held)["allowed"] is True
+    status_line = await connection.reader.readuntil(b"\r\n")
+    assert b" 200 " in status_line
+    await connection.close()
+
+
 async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(
     serve: ServerFactory,
 ) -> None:
