@@ -28,6 +28,12 @@ class AgentMetrics:
             "1 when the backend (NVML or simulated) measured on the last tick, else 0.",
             registry=self.registry,
         )
+        self.gpus_unread = Gauge(
+            "headroom_agent_gpus_unread",
+            "GPUs the last report marks unread (an NVML error on the GPU, or the backend "
+            "unavailable): the extender charges them by their last figures and declarations.",
+            registry=self.registry,
+        )
         self.gpu_used = Gauge(
             "headroom_agent_gpu_used_bytes",
             "GPU memory in use, as last measured.",

@@ -228,6 +228,7 @@ class Agent:
     def _observe(self, status: ReportStatus, available: bool) -> None:
         self.metrics.ticks.inc()
         self.metrics.probe_available.set(1 if available else 0)
+        self.metrics.gpus_unread.set(sum(1 for gpu in status.gpus if gpu.error))
         for gpu in status.gpus:
             self.metrics.gpu_used.labels(str(gpu.index), gpu.uuid).set(gpu.used_bytes)
             self.metrics.gpu_total.labels(str(gpu.index), gpu.uuid).set(gpu.total_bytes)

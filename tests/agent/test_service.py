@@ -14,7 +14,7 @@ from aiohttp import web
 from agent.caches import PolicyCache
 from agent.guard import Guard
 from agent.podresources import DEFAULT_SOCKET
-from agent.probe import BackendName, Probe, Snapshot
+from agent.probe import GPU, BackendName, Probe, ProbeUnavailable, Snapshot
 from agent.reporter import Reporter, WritePolicy
 from agent.server import AgentMetrics, create_app
 from agent.service import Agent, AgentConfig
@@ -253,3 +253,47 @@ async def test_a_first_tick_that_never_ends_is_a_stall() -> None:
         await task
     assert agent.last_tick_at is not None
     assert not agent.stalled(5)
+
+
+class FlakyProbe(BrokenProbe):
+    """Two GPUs; NVML fails to read those in ``failing``, or the whole backend is down."""
+
+    def __init__(self) -> None:
+        self.failing: set[int] = set()
+        self.down = False
+
+    def snapshot(self) -> Snapshot:
+        if self.down:
+            raise ProbeUnavailable("DriverNotLoaded", "NVML: driver not loaded")
+        gb = 2**30
+        return Snapshot(
+            gpus=tuple(
+                GPU(i, "", "", 0, 0, 0, error=f"NVML error reading GPU {i}: Unknown")
+                if i in self.failing
+                else GPU(i, f"GPU-{i}", "NVIDIA A100", 40 * gb, gb, 39 * gb)
+                for i in range(2)
+            )
+        )
+
+
+async def test_gpus_unread_counts_what_the_report_leaves_unmeasured() -> None:
+    # The report carries an unread GPU's last figures with the error: the extender
+    # charges it conservatively and nothing else says so but this gauge and the report.
+    probe = FlakyProbe()
+    agent = bare_agent(probe)
+
+    def values() -> tuple[float | None, float | None]:
+        sample = agent.metrics.registry.get_sample_value
+        return sample("headroom_agent_gpus_unread"), sample("headroom_agent_probe_available")
+
+    await agent.tick()
+    assert values() == (0.0, 1.0)
+    probe.failing = {1}
+    await agent.tick()
+    assert values() == (1.0, 1.0)
+    probe.down = True
+    await agent.tick()
+    assert values() == (2.0, 0.0)  # every GPU carried from the last report, unread
+    probe.down, probe.failing = False, set()
+    await agent.tick()
+    assert values() == (0.0, 1.0)
