@@ -62,6 +62,18 @@ def add_parser(subparsers: Any) -> None:
         "sidecar, and /bind, which binds with this ServiceAccount's rights and no "
         "authentication, must not be reachable from the pod network)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        help="also serve /metrics, and nothing else, on this port (default: none; /metrics "
+        "is on --port too). The shipped manifests use 9403 so that Prometheus can reach it",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        help="address the --metrics-port listener binds (default 0.0.0.0)",
+    )
     add_kubeconfig(parser)
     parser.add_argument(
         "--margin",
@@ -155,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         choose=args.choose,
         preempt_budget_seconds=args.preempt_budget,
         leader_lease=args.leader_lease,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port or 0,
     )
     try:
         asyncio.run(serve(settings))
@@ -162,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", err)
         return 2
     except OSError as err:
-        log.error("cannot serve on %s:%d: %s", args.host, args.port, err)
+        where = f"{args.host}:{args.port}"
+        if args.metrics_port:
+            where += f" and {args.metrics_host}:{args.metrics_port}"
+        log.error("cannot serve on %s: %s", where, err)
         return 1
     return 0

@@ -11,15 +11,18 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from extender.preemption import PreemptionError
+from extender.state import ClusterState
 from extender.verbs import CandidateError, Extender
 from extender.wire import (
     BadShape,
@@ -31,6 +34,7 @@ from extender.wire import (
     NotJSON,
     parse,
 )
+from headroom.accounting import REPORT_FAULTS, report_fault
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,56 @@ class Metrics:
             "headroom_extender_nodes", "Nodes in the extender's cache", registry=self.registry
         )
         nodes.set_function(lambda: len(extender.state.nodes))
+        ready = Gauge(
+            "headroom_extender_ready",
+            "1 when /readyz answers 200: every watch listed and none blind, the restart wait over",
+            registry=self.registry,
+        )
+        ready.set_function(lambda: float(extender.ready() and extender.starting() is None))
+        answering = Gauge(
+            "headroom_extender_answering",
+            "1 when filter and bind answer now: ready, and this pod's kube-scheduler holds "
+            "the lease with any takeover wait over (extender.leadership); one replica in all",
+            registry=self.registry,
+        )
+        answering.set_function(lambda: float(extender.ready() and extender.waiting() is None))
+        self.registry.register(UnmeasuredNodes(extender.state))
+
+
+class UnmeasuredNodes(Collector):
+    """``headroom_extender_gpu_nodes_unmeasured{reason}``: GPU nodes charged by declaration
+    rather than measured, by :func:`headroom.accounting.report_fault` (every reason, 0 when
+    none). Worked out at each scrape from the reports the state holds: a few thousand
+    comparisons, nothing cached to drift."""
+
+    NAME = "headroom_extender_gpu_nodes_unmeasured"
+    HELP = (
+        "GPU nodes whose GPUNodeReport is missing, stale or faulty, so some or all of their "
+        "GPUs are charged by declaration (pods may wait), by reason"
+    )
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=["reason"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self.state
+        counts = dict.fromkeys(REPORT_FAULTS, 0)
+        now = state.clock()
+        for name, node in state.nodes.items():
+            if not node.count:
+                continue  # no GPUs a report would measure
+            fault = report_fault(
+                node, state.reports.get(name), now=now, stale_after=state.stale_after
+            )
+            if fault is not None:
+                counts[fault] += 1
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["reason"])
+        for reason, count in counts.items():
+            family.add_metric([reason], count)
+        yield family
 
 
 METRICS = web.AppKey("metrics", Metrics)
@@ -179,6 +233,21 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/state", state)
+    return app
+
+
+def metrics_app(metrics: Metrics) -> web.Application:
+    """``/metrics`` alone, for a listener on the pod network (``--metrics-port``): the
+    verbs stay on 127.0.0.1, since /bind binds with the ServiceAccount's rights and no
+    authentication, and /state lists every node's accounting."""
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application(client_max_size=4096, middlewares=[_never_500])
+    app.router.add_get("/metrics", metrics_page)
     return app
 
 

@@ -15,7 +15,7 @@ from extender.collector import freeze_all, run_collector
 from extender.leadership import Leadership
 from extender.preemption import Budgets, Offers, api_recorder
 from extender.requeue import RoomNotifier, api_stamper
-from extender.server import make_app
+from extender.server import METRICS, make_app, metrics_app
 from extender.state import ClusterState
 from extender.verbs import Extender
 from headroom.accounting import DEFAULT_MARGIN_BYTES, DEFAULT_STALE_AFTER_SECONDS
@@ -46,6 +46,9 @@ class Settings:
     """How long the preempt verb may work (extender.preemption.BUDGET_SECONDS)."""
     leader_lease: str | None = None
     """``namespace/name`` of the scheduler's leader-election Lease (extender.leadership)."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 0
+    """A second listener serving ``/metrics`` only (extender.server.metrics_app); 0: none."""
 
 
 async def _collect_after_sync(caches: Caches) -> None:
@@ -156,12 +159,22 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         waiting=leadership.waiting,
         starting=leadership.starting,
     )
-    runner = web.AppRunner(make_app(extender), access_log=None, handle_signals=False)
+    app = make_app(extender)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
+    runners = [runner]
+    if settings.metrics_port:
+        runners.append(
+            web.AppRunner(metrics_app(app[METRICS]), access_log=None, handle_signals=False)
+        )
+        await runners[-1].setup()
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
+        if settings.metrics_port:
+            await web.TCPSite(runners[-1], settings.metrics_host, settings.metrics_port).start()
     except BaseException:
-        await runner.cleanup()
+        for started in runners:
+            await started.cleanup()
         raise
     caches.start()
     collector = asyncio.create_task(_collect_after_sync(caches))
@@ -172,6 +185,8 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    if settings.metrics_port:
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     log.info(
         "headroom extender serving http://%s:%d (margin %d bytes, reports stale after %.0fs)",
         settings.host,
@@ -189,4 +204,5 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
         verifier.cancel()
         relister.cancel()
         caches.stop()
-        await runner.cleanup()
+        for started in runners:
+            await started.cleanup()

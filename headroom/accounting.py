@@ -292,6 +292,35 @@ def measured(report: ReportStatus, *, now: float, stale_after: float) -> bool:
     return _freshness(report, now=now, stale_after=stale_after)[0] == "report"
 
 
+ReportFault = Literal["missing", "unknown-schema", "nvml-unavailable", "stale", "gpu-unread"]
+REPORT_FAULTS: tuple[ReportFault, ...] = (
+    "missing",
+    "unknown-schema",
+    "nvml-unavailable",
+    "stale",
+    "gpu-unread",
+)
+"""Why a GPU node is charged by declaration rather than measured (:func:`report_fault`)."""
+
+
+def report_fault(
+    node: NodeGPUs, report: ReportStatus | None, *, now: float, stale_after: float
+) -> ReportFault | None:
+    """Why :func:`account_node` would not count ``node``'s GPUs as measured, in one word
+    (a metric's label), or None when every GPU is: no report, a schema it cannot read,
+    NVML unavailable, stale (old or dated in the future), or a fresh report that leaves
+    a GPU unread (an NVML error on it, missing, listed twice). Each is charged
+    conservatively: pods there may wait, never over-commit."""
+    if report is None:
+        return "missing"
+    source, _, _ = _freshness(report, now=now, stale_after=stale_after)
+    if source == "stale-report":
+        return "stale"
+    if source == "declarations":
+        return "unknown-schema" if report.schema_version != SCHEMA_VERSION else "nvml-unavailable"
+    return "gpu-unread" if _readable(node, report)[1] else None
+
+
 def _freshness(
     report: ReportStatus | None, *, now: float, stale_after: float
 ) -> tuple[Source, str, float | None]:
