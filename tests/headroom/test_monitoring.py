@@ -1,0 +1,264 @@
+"""manifests/components/monitoring against the code: every alert reads metrics (and
+labels) the components really export, every alert says what to check, and every
+PodMonitor finds a port the workloads in manifests/base really have.
+
+The names come from the components' own registries, built as the processes build
+them: rename a metric, or one of its labels, and this fails.
+"""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from agent.server import AgentMetrics
+from devcluster.binaries import bin_dir
+from extender.server import Metrics as ExtenderMetrics
+from extender.state import ClusterState
+from extender.verbs import Extender
+from webhook.metrics import WebhookMetrics
+from webhook.site import ConnectionMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENT = ROOT / "manifests/components/monitoring"
+BASE = ROOT / "manifests/base"
+SEVERITIES = {"critical", "warning", "info"}
+TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance", "node"}
+"""Labels Prometheus adds to every sample a PodMonitor scrapes (``node``: its relabeling)."""
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+}
+PROMQL_WORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "bool", "offset",
+}  # fmt: skip
+
+
+async def _binds_nothing(namespace: str, name: str, uid: str, node: str) -> None:
+    raise AssertionError("no bind is made here")
+
+
+def registries() -> list[CollectorRegistry]:
+    webhook = WebhookMetrics()
+    ConnectionMetrics(webhook.registry)  # webhook.site adds these to the webhook's registry
+    extender = ExtenderMetrics(Extender(ClusterState(margin=0, stale_after=90.0), _binds_nothing))
+    return [webhook.registry, extender.registry, AgentMetrics().registry]
+
+
+def exported() -> dict[str, set[str]]:
+    """Every sample name the three components can export -> the labels it carries."""
+    names: dict[str, set[str]] = {}
+    for registry in registries():
+        collectors = dict(registry._names_to_collectors)
+        for family in registry.collect():
+            collector = collectors.get(family.name) or collectors.get(family.name + "_total")
+            labels = set(getattr(collector, "_labelnames", ()))
+            labels.update(key for sample in family.samples for key in sample.labels)
+            for suffix in SUFFIXES[family.type]:
+                names[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+    return names
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((COMPONENT / name).read_text()) if d]
+
+
+def alerts() -> Iterator[dict[str, Any]]:
+    for rule in documents("prometheusrule.yaml"):
+        for group in rule["spec"]["groups"]:
+            yield from group["rules"]
+
+
+def selectors(expr: str) -> Iterator[tuple[str, set[str]]]:
+    """Each metric an expression reads, with the label names its matchers name; and
+    each ``by (...)`` / ``without (...)`` / ``on (...)`` label list, as ("", labels)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range durations
+    for words in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", text):
+        yield "", {w.strip() for w in words.split(",") if w.strip()}
+    text = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", text)
+    pattern = r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?(\s*\()?"
+    for name, matchers, call in re.findall(pattern, text):
+        if call or name in PROMQL_WORDS or re.fullmatch(r"\d+[smhdwy]?", name):
+            continue  # a function or an aggregation, a keyword
+        keys = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", matchers))
+        yield name, keys
+
+
+def test_the_metric_names_come_from_the_code() -> None:
+    names = exported()
+    # The ones the alerts rest on, so a registry that came back empty cannot pass.
+    for name in (
+        "headroom_extender_requests_total",
+        "headroom_extender_answering",
+        "headroom_extender_gpu_nodes_unmeasured",
+        "headroom_agent_gpus_unread",
+        "headroom_webhook_certificate_expiry_timestamp_seconds",
+    ):
+        assert name in names
+    assert names["headroom_extender_requests_total"] == {"verb", "outcome"}
+    assert names["headroom_extender_gpu_nodes_unmeasured"] == {"reason"}
+
+
+def test_every_alert_reads_only_metrics_and_labels_the_code_exports() -> None:
+    names = exported()
+    read = set()
+    for alert in alerts():
+        for metric, labels in selectors(alert["expr"]):
+            if not metric:
+                allowed = set().union(*names.values()) | TARGET_LABELS
+                assert labels <= allowed, (alert["alert"], labels - allowed)
+                continue
+            assert metric in names, f"{alert['alert']}: {metric} is exported by no component"
+            unknown = labels - names[metric] - TARGET_LABELS
+            assert not unknown, f"{alert['alert']}: {metric} has no label {unknown}"
+            read.add(metric)
+    assert len(read) >= 8, read
+
+
+def test_a_renamed_metric_fails_the_check() -> None:
+    names = exported()
+    expr = 'sum(rate(headroom_extender_request_total{verb="bind"}[5m])) > 0'
+    assert [m for m, _ in selectors(expr) if m and m not in names] == [
+        "headroom_extender_request_total"
+    ]
+
+
+def test_every_alert_says_what_it_means_how_bad_and_for_how_long() -> None:
+    seen = set()
+    for alert in alerts():
+        name = alert["alert"]
+        assert name not in seen, name
+        seen.add(name)
+        assert re.fullmatch(r"\d+[smh]", str(alert.get("for", ""))), name
+        assert alert.get("labels", {}).get("severity") in SEVERITIES, name
+        annotations = alert.get("annotations", {})
+        assert annotations.get("summary", "").strip(), name
+        assert len(annotations.get("description", "")) > 80, name  # says what to check
+    assert {"HeadroomExtenderNotAnswering", "HeadroomGPUNodesUnmeasured"} <= seen
+
+
+def _pod_template(relative: str) -> dict[str, Any]:
+    template: dict[str, Any] = yaml.safe_load((BASE / relative).read_text())["spec"]["template"]
+    return template
+
+
+WORKLOADS = {
+    "headroom-webhook": "webhook/deployment.yaml",
+    "headroom-scheduler": "scheduler/deployment.yaml",
+    "headroom-agent": "agent/daemonset.yaml",
+}
+
+
+def test_every_pod_monitor_finds_a_named_port_of_its_workload() -> None:
+    monitors = documents("podmonitors.yaml")
+    assert {m["kind"] for m in monitors} == {"PodMonitor"}
+    found = set()
+    for monitor in monitors:
+        assert monitor["metadata"]["namespace"] == "headroom-system"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        template = _pod_template(WORKLOADS[selector["app.kubernetes.io/name"]])
+        assert selector.items() <= template["metadata"]["labels"].items()
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert endpoint["port"] in ports, (monitor["metadata"]["name"], endpoint["port"])
+        found.add(selector["app.kubernetes.io/name"])
+    assert found == set(WORKLOADS)
+
+
+def test_the_extender_metrics_port_serves_metrics_only_and_the_verbs_stay_local() -> None:
+    (extender,) = [
+        c
+        for c in _pod_template(WORKLOADS["headroom-scheduler"])["spec"]["containers"]
+        if c["name"] == "extender"
+    ]
+    assert "--host=127.0.0.1" in extender["args"]
+    (port,) = extender["ports"]
+    assert f"--metrics-port={port['containerPort']}" in extender["args"]
+
+
+def test_the_webhook_scrape_verifies_the_serving_certificate() -> None:
+    (webhook,) = [
+        m for m in documents("podmonitors.yaml") if m["metadata"]["name"] == "headroom-webhook"
+    ]
+    (endpoint,) = webhook["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    tls = endpoint["tlsConfig"]
+    assert not tls.get("insecureSkipVerify")
+    assert tls["serverName"] == "headroom-webhook.headroom-system.svc"  # what certs names
+    volumes = _pod_template(WORKLOADS["headroom-webhook"])["spec"]["volumes"]
+    secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+    assert tls["ca"]["secret"]["name"] in secrets  # the Secret the webhook serves from
+
+
+def _kubectl() -> str | None:
+    built = bin_dir() / "kubectl"
+    return str(built) if os.access(built, os.X_OK) else shutil.which("kubectl")
+
+
+def test_the_component_renders_onto_the_base(tmp_path: Path) -> None:
+    kubectl = _kubectl()
+    if kubectl is None:
+        pytest.skip("no kubectl to run kustomize with")
+    relative = os.path.relpath(ROOT / "manifests", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{relative}/base]\n"
+        f"components: [{relative}/components/monitoring, {relative}/components/networkpolicy]\n"
+    )
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("PodMonitor") == 3
+    assert kinds.count("PrometheusRule") == 1
+    # The NetworkPolicy lets the monitoring namespace reach every port scraped.
+    (scheduler,) = [
+        o
+        for o in objects
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "headroom-scheduler"
+    ]
+    allowed = {p["port"] for rule in scheduler["spec"]["ingress"] for p in rule["ports"]}
+    (extender,) = [
+        c
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "headroom-scheduler"
+        for c in o["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "extender"
+    ]
+    assert extender["ports"][0]["containerPort"] in allowed
+
+
+def _literals(*relative: str) -> set[str]:
+    """Every string constant in the given modules: what a label value can be set to."""
+    return {
+        node.value
+        for path in relative
+        for node in ast.walk(ast.parse((ROOT / path).read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_every_label_value_an_alert_matches_is_one_the_code_sets() -> None:
+    # verb and outcome (extender.server), kind (agent.service): a value renamed there
+    # would leave an alert matching nothing, silently.
+    values = _literals("extender/server.py", "agent/service.py")
+    matched = 0
+    for alert in alerts():
+        for key, pattern in re.findall(r'\b(verb|outcome|kind)\s*=~?\s*"([^"]*)"', alert["expr"]):
+            for value in pattern.split("|"):
+                assert value in values, (alert["alert"], key, value)
+                matched += 1
+    assert matched >= 10
