@@ -262,3 +262,14 @@ def test_every_label_value_an_alert_matches_is_one_the_code_sets() -> None:
                 assert value in values, (alert["alert"], key, value)
                 matched += 1
     assert matched >= 10
+
+
+def test_the_readme_says_what_every_alert_means() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Monitoring") :]
+    section = section[: section.index("\n### ", 1)]
+    for alert in alerts():
+        row = f"| `{alert['alert']}` | {alert['labels']['severity']} |"
+        assert row in section, row
+    for name in ("headroom_extender_answering", "headroom_extender_gpu_nodes_unmeasured"):
+        assert name in section
