@@ -169,6 +169,10 @@ class ClusterState:
         self.departures: dict[str, deque[tuple[float, int | None]]] = {}
         """Node -> (when, GPU or None) for each shared replica that left it, kept
         :data:`HISTORY_SECONDS`: what bounds where unlocated pods can be (headroom.spread)."""
+        self._aging_heap: list[tuple[float, str]] = []
+        """(when, node): a departure stops counting for the pods created after it then
+        (a new pod's bound, when none is unlocated: headroom.accounting._spread), so
+        the node's account, kept until an event touches it, may have more room."""
         self.on_nominated: Callable[[PodClaim], None] = lambda claim: None
         """Told each unbound pod the watch shows with ``status.nominatedNodeName``."""
         self.nominated: dict[str, dict[str, PodClaim]] = {}
@@ -624,6 +628,12 @@ class ClusterState:
             on_node = self.lingering.get(name, {})
             if uid in on_node and on_node[uid][0] == until:
                 self._unlinger(uid, name)
+        aging = self._aging_heap
+        while aging and aging[0][0] <= now:
+            _, name = heapq.heappop(aging)
+            if name in self.departures:
+                self._touch(name)
+                self.on_room(name)
 
     def due(self, now: float) -> list[PodClaim]:
         """Pods with an assumption old enough to verify with an authoritative read, oldest
@@ -868,6 +878,8 @@ class ClusterState:
         where = self._departure_gpu(claim) if located else None
         left = self.departures.setdefault(claim.node, deque())
         at = self.clock() + linger
+        # Past the clock-skew tolerance it no longer counts for a pod created then.
+        heapq.heappush(self._aging_heap, (at + FUTURE_TOLERANCE_SECONDS + 1.0, claim.node))
         for _ in range(claim.shared):
             # In time order, so that history() prunes from the left: one stamped ahead
             # must not keep every later departure from ever being forgotten.

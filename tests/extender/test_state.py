@@ -1,7 +1,7 @@
 """The cluster state: informer events, cached accounts, staleness over time, assumptions."""
 
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -738,3 +738,31 @@ async def test_filter_refuses_a_two_replica_pod_where_its_replicas_would_crowd_a
     harness.extender.choose = True
     _, result = await post(harness, "filter", args)
     assert result["NodeNames"] == ["gpu-b"]
+
+
+def test_a_departure_ageing_out_of_a_new_pods_bound_frees_its_room() -> None:
+    # Tenant storm with deletions (tests/e2e/test_tenant_storm.py): a pod deleted
+    # before its agent located it is a departure from any GPU. While it counts, a new
+    # pod may have gone to the GPU holding two pods although another holds one. Once
+    # no pod is unlocated, it counts for the next pod only within the clock-skew
+    # tolerance of now; the account, kept until an event touched the node, kept it
+    # counting, and the pods waiting were never told of the room: 10 GiB refused
+    # for good on a settled node.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=1e9, clock=clock)
+    rooms: list[str] = []
+    state.on_room = rooms.append
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    a, b, c = (gpu_pod(name, node="gpu-a", declared="10Gi", phase="Running") for name in "abc")
+    gone = gpu_pod("gone", node="gpu-a", declared="5Gi", phase="Running")
+    for pod in (a, b, c, gone):
+        state.on_pod("ADDED", pod)
+    placed = {0: {uid_of(a): 10 * GIB, uid_of(b): 10 * GIB}, 1: {uid_of(c): 10 * GIB}}
+    state.on_report("ADDED", gpu_report("gpu-a", placed, at=datetime.fromtimestamp(clock.now, UTC)))
+    state.on_pod("DELETED", stopped(gone))  # kubelet stopped it: no linger
+    # GPU 0 may get the next pod beside both its pods: the departure may have been GPU 1's.
+    assert headroom(state) == 40 * GIB - MARGIN - 20 * GIB
+    clock.now += accounting.FUTURE_TOLERANCE_SECONDS + 5
+    rooms.clear()
+    assert headroom(state) == 40 * GIB - MARGIN - 10 * GIB, "the departure still counts"
+    assert rooms == ["gpu-a"], "the pods waiting for that room were not told of it"
