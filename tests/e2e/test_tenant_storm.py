@@ -23,11 +23,26 @@ located are retried, and the extender charges no more than that rule needs.
 That rule, not the extender, is what leaves room unused: with 3-20 GiB pods
 the plugin balances pods, not memory, so a server's next pod may land on its
 fullest GPU. ``HEADROOM_TENANT_STORM_NODES``, ``_TENANTS`` and ``_PODS`` size it.
+
+The same storm is then run again with a fault struck while it is bound (once
+:data:`FAULT_AFTER` pods are): the extender frozen past kube-scheduler's
+httpTimeout with binds in flight, the extender killed and started again, one
+server's agent stalled until its report is stale, a quarter of the tenants
+deleting their pods. On one-GPU nodes kube-scheduler's own count of
+``headroom.dev/gpu-memory`` backs the extender up through such faults; here the
+extender alone holds the line. Each test checks that its fault took effect, and
+a watcher reads the verdict every few seconds during the storm as well as at
+its end.
 """
 
+import datetime
+import itertools
 import os
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -52,6 +67,18 @@ LABEL = "headroom.dev/e2e-tenant-storm"
 TAINT = "headroom.dev/e2e-tenant-storm"
 CREATORS = 8
 """Tenants creating their pods at the same time (each a kubectl of its own)."""
+FAULT_AFTER = 20
+"""Pods bound when a fault strikes: the storm is under way, most of it still to bind
+(about 100 of the 160 pods fit)."""
+FREEZE_SECONDS = 7.0
+"""Longer than the extender's httpTimeout (5 s): what is in flight then times out."""
+FREEZES = 3
+"""At most this many freezes, until one catches a bind in flight."""
+APISERVER_STALL = 2.0
+"""Seconds the apiserver is stopped before each freeze of the extender."""
+_runs = itertools.count()
+"""Each test's servers and namespaces are named afresh: the last test's are still
+going away (namespaces Terminating, pods the extender still charges)."""
 
 
 @pytest.fixture
@@ -72,10 +99,11 @@ def servers(cluster: Cluster) -> Iterator[list[str]]:
         "pods": "250",
     }
     added = []
+    run = next(_runs)
     try:
         for i in range(NODES):
             spec = nodes.NodeSpec(
-                name=f"tenant-storm-{i}",
+                name=f"tenant-storm-{run}-{i}",
                 labels={**labels, names.LABEL_MEMORY_MIB: str(A100_MIB)},
                 capacity=capacity,
                 taints=[nodes.Taint(key=TAINT, value="true", effect="NoSchedule")],
@@ -96,7 +124,7 @@ def servers(cluster: Cluster) -> Iterator[list[str]]:
 
 @pytest.fixture
 def tenants(cluster: Cluster) -> Iterator[list[str]]:
-    run = os.getpid()
+    run = f"{os.getpid()}-{next(_runs)}"
     spaces = [f"tenant-{i:03d}-{run}" for i in range(TENANTS)]
     cluster.apply(
         [
@@ -130,60 +158,306 @@ def tenants(cluster: Cluster) -> Iterator[list[str]]:
 def test_tenants_at_once_on_eight_gpu_servers_over_commit_no_gpu(
     cluster: Cluster, servers: list[str], tenants: list[str]
 ) -> None:
-    margin = int(extender_state(cluster)["marginBytes"])
-    room = A100_MIB * MIB - margin
-    _create_at_once(cluster, [_pod(tenants[i % len(tenants)], i) for i in range(PODS)])
+    storm = Storm(cluster, servers, tenants)
+    storm.run()
+    storm.check()
+    print(f"\ntenant storm: {storm.last.summary()}")  # the figures, under pytest -s
 
-    def snapshot() -> Snapshot:
+
+def test_extender_frozen_mid_storm_over_commits_no_gpu(
+    cluster: Cluster, servers: list[str], tenants: list[str]
+) -> None:
+    """The extender stopped (SIGSTOP) past kube-scheduler's httpTimeout while the storm
+    is bound, then thawed: the binds in flight time out, kube-scheduler retries their
+    pods (maybe elsewhere) while the thawed extender still carries out the old binds
+    (issue 7). A bind is in flight for a small part of the storm only (filters for the
+    pods that do not fit take most of it): so the apiserver is stalled first, for
+    :data:`APISERVER_STALL` seconds, while kube-scheduler, its filters answered from
+    the extender's cache, sends binds that wait on it; the extender freezes with them
+    in flight, the apiserver resumes and stores their bindings, and the extender
+    answers them only when thawed, long after kube-scheduler gave up on them."""
+    extender = cluster.components["extender"]
+    apiserver = cluster.components["kube-apiserver"]
+    before = len(_extender_errors(cluster))
+    freezes = 0
+
+    def binds_timed_out() -> list[str]:
+        return [
+            line
+            for line in _extender_errors(cluster)[before:]
+            if "/bind" in line and ("Timeout" in line or "deadline" in line)
+        ]
+
+    def freeze(storm: Storm) -> None:
+        nonlocal freezes
+        while freezes < FREEZES and not binds_timed_out():
+            freezes += 1
+            assert extender.pid is not None
+            assert apiserver.pid is not None
+            os.kill(apiserver.pid, signal.SIGSTOP)
+            try:
+                time.sleep(APISERVER_STALL)
+                os.kill(extender.pid, signal.SIGSTOP)
+            finally:
+                os.kill(apiserver.pid, signal.SIGCONT)
+            try:
+                time.sleep(FREEZE_SECONDS)
+            finally:
+                os.kill(extender.pid, signal.SIGCONT)
+            time.sleep(2)  # the thawed extender answers what waited; the log shows it
+
+    storm = Storm(cluster, servers, tenants)
+    storm.run(freeze)
+    failed = _extender_errors(cluster)[before:]
+    timed_out = binds_timed_out()
+    assert timed_out, f"no bind timed out in {freezes} freezes:\n" + "\n".join(failed[-20:])
+    assert storm.bound_after_fault(), "no pod was bound after the freeze"
+    storm.check()
+    print(
+        f"\nfrozen {freezes} times: {len(timed_out)} binds of {len(failed)} requests "
+        f"failed; {storm.last.summary()}"
+    )
+
+
+def test_extender_killed_and_restarted_mid_storm_over_commits_no_gpu(
+    cluster: Cluster, servers: list[str], tenants: list[str]
+) -> None:
+    """The extender killed (SIGKILL: no holds handed on, binds it had begun may land
+    after it) mid-storm and started again: the new one knows no holds and no
+    departures, and must charge every pod it cannot place where it may be."""
+    extender = cluster.components["extender"]
+    before = _extender_errors(cluster)
+    pids = []
+
+    def kill(storm: Storm) -> None:
+        assert extender.pid is not None
+        pids.append(extender.pid)
+        os.kill(extender.pid, signal.SIGKILL)
+        eventually("the extender gone", lambda: not extender.alive(), timeout=10)
+        time.sleep(2)  # kube-scheduler's requests find nobody there
+        cluster.start("extender")
+        pids.append(extender.pid)
+
+    storm = Storm(cluster, servers, tenants)
+    storm.run(kill)
+    assert pids[0] != pids[1], pids
+    refused = _extender_errors(cluster)[len(before) :]
+    assert refused, "kube-scheduler saw no request to the killed extender fail"
+    assert storm.bound_after_fault(), "no pod was bound by the restarted extender"
+    storm.check()
+    binds = sum("/bind" in line for line in refused)
+    print(f"\nkilled: {binds} binds of {len(refused)} requests failed; {storm.last.summary()}")
+    print("\n".join(line[:300] for line in refused[:3]))
+
+
+def test_agent_stalled_mid_storm_over_commits_no_gpu(
+    cluster: Cluster, servers: list[str], tenants: list[str]
+) -> None:
+    """One server's agent stalls (SIGSTOP) mid-storm: pods bound there pile up
+    unlocated behind a report that still looks fresh, then the report turns stale
+    (here dated back, rather than waiting the 90 s it takes), and the agent resumes,
+    locating them all at once. The extender must charge them where the device plugin
+    may have put them throughout, and everything on every GPU while the report is stale."""
+    node = servers[0]
+    agent = cluster.components[f"agent-{node}"]
+    seen: dict[str, Any] = {}
+
+    def stall(storm: Storm) -> None:
+        assert agent.pid is not None
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            time.sleep(12)  # fresh, but blind to the pods bound since
+            seen["lagging"] = _node_state(cluster, node)
+            report = cluster.kubectl_json("get", names.REPORT_PLURAL, node)
+            old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+            report["status"]["observedAt"] = old.isoformat().replace("+00:00", "Z")
+            report["metadata"].pop("managedFields", None)
+            report["metadata"].pop("resourceVersion", None)
+            cluster.kubectl("replace", "-f", "-", input=yaml.safe_dump(report))
+            eventually(
+                f"the extender to read {node}'s report stale",
+                lambda: _node_state(cluster, node)["source"] != "report",
+                timeout=30,
+            )
+            seen["stale"] = _node_state(cluster, node)
+            time.sleep(8)
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+
+    storm = Storm(cluster, servers, tenants)
+    storm.run(stall)
+    assert seen["lagging"]["source"] == "report", seen["lagging"]["note"]
+    unlocated = {
+        pod["uid"] for gpu in seen["lagging"]["gpus"] for pod in gpu["pods"] if not pod["located"]
+    }
+    assert unlocated, f"no pod was bound to {node} while its agent stalled"
+    assert seen["stale"]["source"] == "stale-report", seen["stale"]["note"]
+    storm.check()
+    print(f"\nstalled: {len(unlocated)} pods unlocated there; {storm.last.summary()}")
+
+
+def test_tenants_deleting_their_pods_mid_storm_over_commit_no_gpu(
+    cluster: Cluster, servers: list[str], tenants: list[str]
+) -> None:
+    """A quarter of the tenants delete all their pods while the storm is bound: bound
+    pods leave GPUs kubelet frees on its own time, pods being bound vanish under their
+    binds, and the pods still waiting take the room that leaves."""
+    leaving = tenants[: len(tenants) // 4]
+
+    def delete(storm: Storm) -> None:
+        storm.wait_created()  # none of theirs created after the deletion
+        snapshot = storm.snapshot()
+        storm.left_bound = sum(1 for p in snapshot.bound() if p["metadata"]["namespace"] in leaving)
+        with ThreadPoolExecutor(CREATORS) as pool:
+            list(
+                pool.map(
+                    lambda ns: cluster.kubectl(
+                        "delete", "pods", "-l", f"{LABEL}=true", "-n", ns, "--wait=false"
+                    ),
+                    leaving,
+                )
+            )
+
+    storm = Storm(cluster, servers, tenants)
+    storm.expected = PODS - sum(1 for i in range(PODS) if tenants[i % len(tenants)] in leaving)
+    storm.run(delete)
+    assert storm.left_bound, "no bound pod was among those deleted"
+    assert not {p["metadata"]["namespace"] for p in storm.last.pods} & set(leaving)
+    assert storm.bound_after_fault(), "no pod was bound after the others left"
+    storm.check()
+    print(f"\ndeleted {storm.left_bound} bound pods; {storm.last.summary()}")
+
+
+class Storm:
+    """The tenants' pods created at once, an optional fault struck once
+    :data:`FAULT_AFTER` are bound, and the wait until it has all settled; a watcher
+    reads a :class:`Snapshot` every few seconds throughout, and keeps the first
+    over-committed GPU or starved pod it sees."""
+
+    def __init__(self, cluster: Cluster, servers: list[str], tenants: list[str]) -> None:
+        self.cluster = cluster
+        self.servers = servers
+        self.tenants = tenants
+        margin = int(extender_state(cluster)["marginBytes"])
+        self.room = A100_MIB * MIB - margin
+        self.expected = PODS
+        """Pods there once the storm settled (fewer where a fault deletes some)."""
+        self.left_bound = 0
+        """Bound pods a fault deleted."""
+        self.struck_at: str | None = None
+        """When the fault ended (RFC 3339, the apiserver's clock as conditions carry it)."""
+        self.last = self.snapshot()
+        self._created: Future[None] = Future()
+        self.seen: list[str] = []
+        """What the watcher saw go wrong, at the moment it saw it."""
+
+    def snapshot(self) -> "Snapshot":
         reports = [
-            r for r in cluster.kubectl_json("get", names.REPORT_PLURAL)["items"]
-            if r["metadata"]["name"] in servers
+            r for r in self.cluster.kubectl_json("get", names.REPORT_PLURAL)["items"]
+            if r["metadata"]["name"] in self.servers
         ]  # fmt: skip
-        return Snapshot(_storm_pods(cluster, tenants), reports, room)
+        pods = _storm_pods(self.cluster, self.tenants)
+        return Snapshot(pods, reports, self.room, self.expected)
 
-    last = snapshot()
+    def run(self, fault: Callable[["Storm"], None] | None = None) -> None:
+        specs = [_pod(self.tenants[i % len(self.tenants)], i) for i in range(PODS)]
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(done,), daemon=True)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                created = self._created = pool.submit(_create_at_once, self.cluster, specs)
+                if fault is not None:
+                    eventually(
+                        f"{FAULT_AFTER} pods bound",
+                        lambda: len(self.snapshot().bound()) >= FAULT_AFTER,
+                        timeout=120,
+                        interval=1,
+                    )
+                    fault(self)
+                    self.struck_at = _now()
+                created.result()
+            self._settle()
+        finally:
+            done.set()
+            watcher.join()
 
-    def settled() -> bool:
-        nonlocal last
-        last = snapshot()
-        return last.settled()
+    def wait_created(self) -> None:
+        """Until every pod of the storm is created (from a fault)."""
+        self._created.result()
 
-    eventually(
-        "every pod bound and located, or refused",
-        settled,
-        timeout=max(240, PODS),
-        interval=2,
-        explain=lambda: f"{last.progress()}\n{last.layout()}",
-    )
+    def _watch(self, done: threading.Event) -> None:
+        while not done.wait(3):
+            try:
+                snapshot = self.snapshot()
+            except Exception:  # a kubectl refused under load: the next read will do
+                continue
+            wrong = snapshot.over_committed() + snapshot.starved()
+            if wrong and not self.seen:
+                self.seen = [*wrong, snapshot.layout()]
 
-    # A pod refused while the others were unlocated (each then charged where the
-    # device plugin may yet put it) is retried once they are located, and waits
-    # only where no server has room for it by the device plugin's own rule.
-    def none_fits() -> bool:
-        nonlocal last
-        last = snapshot()
-        return last.settled() and not last.fitting()
+    def _settle(self) -> None:
+        def settled() -> bool:
+            self.last = self.snapshot()
+            return self.last.settled()
 
-    eventually(
-        "no pod waiting that a server has room for",
-        none_fits,
-        timeout=90,
-        interval=2,
-        explain=lambda: f"waiting pods that fit: {last.fitting()}\n{last.layout()}",
-    )
-    over = last.over_committed()
-    assert not over, f"over-committed GPUs: {over}\n{last.layout()}"
-    assert not last.starved(), f"pods refused memory they asked for: {last.starved()}"
-    assert last.waiting(), "the storm was meant to ask for more than the GPUs hold"
-    print(f"\ntenant storm: {last.summary()}")  # the figures, under pytest -s
+        eventually(
+            "every pod bound and located, or refused",
+            settled,
+            timeout=max(240, PODS),
+            interval=2,
+            explain=lambda: f"{self.last.progress()}\n{self.last.layout()}",
+        )
+
+        # A pod refused while the others were unlocated (each then charged where the
+        # device plugin may yet put it) is retried once they are located, and waits
+        # only where no server has room for it by the device plugin's own rule.
+        def none_fits() -> bool:
+            self.last = self.snapshot()
+            return self.last.settled() and not self.last.fitting()
+
+        eventually(
+            "no pod waiting that a server has room for",
+            none_fits,
+            timeout=90,
+            interval=2,
+            explain=lambda: f"waiting pods that fit: {self.last.fitting()}\n{self.last.layout()}",
+        )
+
+    def check(self) -> None:
+        last = self.last
+        over = last.over_committed()
+        assert not over, f"over-committed GPUs: {over}\n{last.layout()}"
+        assert not last.starved(), f"pods refused memory they asked for: {last.starved()}"
+        assert not self.seen, "during the storm: " + "\n".join(self.seen)
+        assert last.waiting(), "the storm was meant to ask for more than the GPUs hold"
+
+    def bound_after_fault(self) -> list[str]:
+        """The pods bound after the fault ended."""
+        assert self.struck_at is not None
+        return [
+            p["metadata"]["name"]
+            for p in self.last.bound()
+            for c in p["status"].get("conditions", [])
+            if c["type"] == "PodScheduled"
+            and c["status"] == "True"
+            and c.get("lastTransitionTime", "") > self.struck_at
+        ]
 
 
 class Snapshot:
     """The storm's pods and the servers' reports, read at one moment."""
 
-    def __init__(self, pods: list[dict[str, Any]], reports: list[dict[str, Any]], room: int):
+    def __init__(
+        self,
+        pods: list[dict[str, Any]],
+        reports: list[dict[str, Any]],
+        room: int,
+        expected: int = PODS,
+    ):
         self.pods = pods
         self.room = room
+        self.expected = expected
         self.declared = {p["metadata"]["uid"]: parse_claim(p).declared or 0 for p in pods}
         self.gpus: dict[str, list[list[dict[str, Any]]]] = {
             r["metadata"]["name"]: [
@@ -202,7 +476,7 @@ class Snapshot:
     def settled(self) -> bool:
         """Every pod exists, each bound one Running and located on a GPU by its
         agent, each unbound one refused at least once."""
-        if len(self.pods) < PODS or any(
+        if len(self.pods) != self.expected or any(
             p["status"].get("phase") != "Running" for p in self.bound()
         ):
             return False
@@ -348,3 +622,23 @@ def _refused(pod: dict[str, Any]) -> bool:
     return any(
         c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
     )
+
+
+def _extender_errors(cluster: Cluster) -> list[str]:
+    """kube-scheduler's log lines about requests to the extender that failed."""
+    log = cluster.components["headroom-scheduler"].log
+    with open(log, errors="replace") as lines:
+        url = f"127.0.0.1:{cluster.ports['extender']}/"
+        return [line.rstrip() for line in lines if url in line]
+
+
+def _node_state(cluster: Cluster, node: str) -> dict[str, Any]:
+    """The extender's account of ``node``."""
+    account: dict[str, Any] = extender_state(cluster)["nodes"][node]
+    return account
+
+
+def _now() -> str:
+    """Now, as the apiserver writes a condition's time (to the second)."""
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    return now.isoformat().replace("+00:00", "Z")
