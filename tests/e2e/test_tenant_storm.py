@@ -24,11 +24,13 @@ That rule, not the extender, is what leaves room unused: with 3-20 GiB pods
 the plugin balances pods, not memory, so a server's next pod may land on its
 fullest GPU. ``HEADROOM_TENANT_STORM_NODES``, ``_TENANTS`` and ``_PODS`` size it.
 
-The same storm is then run again with a fault struck while it is bound (once
-:data:`FAULT_AFTER` pods are): the extender frozen past kube-scheduler's
-httpTimeout with binds in flight, the extender killed and started again, one
-server's agent stalled until its report is stale, a quarter of the tenants
-deleting their pods. On one-GPU nodes kube-scheduler's own count of
+The same storm is then run again with a fault struck while it is bound: the
+extender frozen past kube-scheduler's httpTimeout with binds in flight, and
+the extender killed and started again (both at the storm's first bind, every
+pod created while headroom-scheduler was stopped, since a storm binds what
+fits in a second or two); one server's agent stalled until its report is
+stale, and a quarter of the tenants deleting their pods (once
+:data:`FAULT_AFTER` pods are bound). On one-GPU nodes kube-scheduler's own count of
 ``headroom.dev/gpu-memory`` backs the extender up through such faults; here the
 extender alone holds the line. Each test checks that its fault took effect, and
 a watcher reads the verdict every few seconds during the storm as well as at
@@ -41,6 +43,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -50,6 +53,7 @@ import yaml
 
 from devcluster import nodes
 from devcluster.cluster import Cluster
+from devcluster.kubectl import wait_until
 from headroom import names
 from headroom.claims import parse_claim
 from tests.e2e.workloads import GIB, MIB, eventually, extender_state
@@ -72,10 +76,9 @@ FAULT_AFTER = 20
 (about 100 of the 160 pods fit)."""
 FREEZE_SECONDS = 7.0
 """Longer than the extender's httpTimeout (5 s): what is in flight then times out."""
-FREEZES = 3
-"""At most this many freezes, until one catches a bind in flight."""
+SCHEDULER = "headroom-scheduler"
 APISERVER_STALL = 2.0
-"""Seconds the apiserver is stopped before each freeze of the extender."""
+"""Seconds the apiserver is stopped before the extender freezes."""
 _runs = itertools.count()
 """Each test's servers and namespaces are named afresh: the last test's are still
 going away (namespaces Terminating, pods the extender still charges)."""
@@ -167,55 +170,45 @@ def test_tenants_at_once_on_eight_gpu_servers_over_commit_no_gpu(
 def test_extender_frozen_mid_storm_over_commits_no_gpu(
     cluster: Cluster, servers: list[str], tenants: list[str]
 ) -> None:
-    """The extender stopped (SIGSTOP) past kube-scheduler's httpTimeout while the storm
-    is bound, then thawed: the binds in flight time out, kube-scheduler retries their
-    pods (maybe elsewhere) while the thawed extender still carries out the old binds
-    (issue 7). A bind is in flight for a small part of the storm only (filters for the
-    pods that do not fit take most of it): so the apiserver is stalled first, for
-    :data:`APISERVER_STALL` seconds, while kube-scheduler, its filters answered from
-    the extender's cache, sends binds that wait on it; the extender freezes with them
-    in flight, the apiserver resumes and stores their bindings, and the extender
-    answers them only when thawed, long after kube-scheduler gave up on them."""
+    """The extender stopped (SIGSTOP) past kube-scheduler's httpTimeout with binds in
+    flight, then thawed: they time out, kube-scheduler retries their pods (maybe
+    elsewhere) while the thawed extender still carries out the old binds (issue 7).
+    A storm binds what fits in a second or two, so the fault is timed, not hoped
+    for: headroom-scheduler is held until every pod exists; at its first bind the
+    apiserver is stalled for :data:`APISERVER_STALL` seconds, while kube-scheduler,
+    its filters answered from the extender's cache, sends binds that wait on it;
+    the extender freezes with them in flight, the apiserver resumes and stores
+    their bindings, and the extender answers them only when thawed, long after
+    kube-scheduler gave up on them."""
     extender = cluster.components["extender"]
     apiserver = cluster.components["kube-apiserver"]
     before = len(_extender_errors(cluster))
-    freezes = 0
-
-    def binds_timed_out() -> list[str]:
-        return [
-            line
-            for line in _extender_errors(cluster)[before:]
-            if "/bind" in line and ("Timeout" in line or "deadline" in line)
-        ]
 
     def freeze(storm: Storm) -> None:
-        nonlocal freezes
-        while freezes < FREEZES and not binds_timed_out():
-            freezes += 1
-            assert extender.pid is not None
-            assert apiserver.pid is not None
-            os.kill(apiserver.pid, signal.SIGSTOP)
-            try:
-                time.sleep(APISERVER_STALL)
-                os.kill(extender.pid, signal.SIGSTOP)
-            finally:
-                os.kill(apiserver.pid, signal.SIGCONT)
-            try:
-                time.sleep(FREEZE_SECONDS)
-            finally:
-                os.kill(extender.pid, signal.SIGCONT)
-            time.sleep(2)  # the thawed extender answers what waited; the log shows it
+        assert extender.pid is not None
+        assert apiserver.pid is not None
+        os.kill(apiserver.pid, signal.SIGSTOP)
+        try:
+            time.sleep(APISERVER_STALL)
+            os.kill(extender.pid, signal.SIGSTOP)
+        finally:
+            os.kill(apiserver.pid, signal.SIGCONT)
+        try:
+            time.sleep(FREEZE_SECONDS)
+        finally:
+            os.kill(extender.pid, signal.SIGCONT)
 
     storm = Storm(cluster, servers, tenants)
-    storm.run(freeze)
+    storm.run(freeze, at_first_bind=True)
     failed = _extender_errors(cluster)[before:]
-    timed_out = binds_timed_out()
-    assert timed_out, f"no bind timed out in {freezes} freezes:\n" + "\n".join(failed[-20:])
+    timed_out = [
+        line for line in failed if "/bind" in line and ("Timeout" in line or "deadline" in line)
+    ]
+    assert timed_out, "no bind timed out:\n" + "\n".join(failed[-20:])
     assert storm.bound_after_fault(), "no pod was bound after the freeze"
     storm.check()
     print(
-        f"\nfrozen {freezes} times: {len(timed_out)} binds of {len(failed)} requests "
-        f"failed; {storm.last.summary()}"
+        f"\nfrozen: {len(timed_out)} binds of {len(failed)} requests failed; {storm.last.summary()}"
     )
 
 
@@ -223,8 +216,9 @@ def test_extender_killed_and_restarted_mid_storm_over_commits_no_gpu(
     cluster: Cluster, servers: list[str], tenants: list[str]
 ) -> None:
     """The extender killed (SIGKILL: no holds handed on, binds it had begun may land
-    after it) mid-storm and started again: the new one knows no holds and no
-    departures, and must charge every pod it cannot place where it may be."""
+    after it) at the storm's first bind, with every pod waiting, and started again:
+    the new one knows no holds and no departures, and must charge every pod it
+    cannot place where it may be."""
     extender = cluster.components["extender"]
     before = _extender_errors(cluster)
     pids = []
@@ -239,7 +233,7 @@ def test_extender_killed_and_restarted_mid_storm_over_commits_no_gpu(
         pids.append(extender.pid)
 
     storm = Storm(cluster, servers, tenants)
-    storm.run(kill)
+    storm.run(kill, at_first_bind=True)
     assert pids[0] != pids[1], pids
     refused = _extender_errors(cluster)[len(before) :]
     assert refused, "kube-scheduler saw no request to the killed extender fail"
@@ -247,7 +241,6 @@ def test_extender_killed_and_restarted_mid_storm_over_commits_no_gpu(
     storm.check()
     binds = sum("/bind" in line for line in refused)
     print(f"\nkilled: {binds} binds of {len(refused)} requests failed; {storm.last.summary()}")
-    print("\n".join(line[:300] for line in refused[:3]))
 
 
 def test_agent_stalled_mid_storm_over_commits_no_gpu(
@@ -359,24 +352,48 @@ class Storm:
         pods = _storm_pods(self.cluster, self.tenants)
         return Snapshot(pods, reports, self.room, self.expected)
 
-    def run(self, fault: Callable[["Storm"], None] | None = None) -> None:
+    def run(
+        self, fault: Callable[["Storm"], None] | None = None, *, at_first_bind: bool = False
+    ) -> None:
+        """The storm, and ``fault`` once :data:`FAULT_AFTER` pods are bound; or, with
+        ``at_first_bind``, headroom-scheduler stopped until every pod exists and
+        ``fault`` struck the moment the extender has answered its first bind, with
+        nearly all the binds still to come."""
         specs = [_pod(self.tenants[i % len(self.tenants)], i) for i in range(PODS)]
         done = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(done,), daemon=True)
         watcher.start()
         try:
-            with ThreadPoolExecutor(1) as pool:
-                created = self._created = pool.submit(_create_at_once, self.cluster, specs)
-                if fault is not None:
-                    eventually(
-                        f"{FAULT_AFTER} pods bound",
-                        lambda: len(self.snapshot().bound()) >= FAULT_AFTER,
-                        timeout=120,
-                        interval=1,
-                    )
-                    fault(self)
-                    self.struck_at = _now()
-                created.result()
+            if at_first_bind:
+                assert fault is not None
+                binds = _binds(self.cluster)
+                self.cluster.stop(SCHEDULER)
+                try:
+                    _create_at_once(self.cluster, specs)
+                    self._created.set_result(None)
+                finally:
+                    self.cluster.start(SCHEDULER)
+                wait_until(
+                    "the extender's first bind of the storm",
+                    lambda: _binds(self.cluster) > binds,
+                    timeout=120,
+                    interval=0.02,
+                )
+                fault(self)
+                self.struck_at = _now()
+            else:
+                with ThreadPoolExecutor(1) as pool:
+                    created = self._created = pool.submit(_create_at_once, self.cluster, specs)
+                    if fault is not None:
+                        eventually(
+                            f"{FAULT_AFTER} pods bound",
+                            lambda: len(self.snapshot().bound()) >= FAULT_AFTER,
+                            timeout=120,
+                            interval=1,
+                        )
+                        fault(self)
+                        self.struck_at = _now()
+                    created.result()
             self._settle()
         finally:
             done.set()
@@ -621,6 +638,18 @@ def _refused(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions", [])
     return any(
         c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
+    )
+
+
+def _binds(cluster: Cluster) -> int:
+    """Binds the extender has answered since it started (its ``/metrics``)."""
+    url = f"http://127.0.0.1:{cluster.ports['extender']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("headroom_extender_requests_total{") and 'verb="bind"' in line
     )
 
 
