@@ -52,6 +52,13 @@ class AgentMetrics:
             ["kind"],
             registry=self.registry,
         )
+        # Every label value exported at 0 from the start: increase() reads a series
+        # that first appears at 1 as no increase, so an agent's first eviction (its
+        # only one, often) would raise no HeadroomGuardEvicted.
+        for kind in ("event", "evict", "evict-refused", "delete", "error"):
+            self.guard_actions.labels(kind)
+        for result in ("ok", "error"):
+            self.report_writes.labels(result)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

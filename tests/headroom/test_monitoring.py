@@ -273,3 +273,24 @@ def test_the_readme_says_what_every_alert_means() -> None:
         assert row in section, row
     for name in ("headroom_extender_answering", "headroom_extender_gpu_nodes_unmeasured"):
         assert name in section
+
+
+def test_every_series_an_increase_alert_reads_is_there_at_zero_from_the_start() -> None:
+    # increase() and rate() need two samples of a series: one that first appears at 1
+    # (a labelled counter's child is created by its first inc()) reads as no increase,
+    # so an agent's first eviction, often its only one, would never raise
+    # HeadroomGuardEvicted. Each series such an alert matches must be exported at 0.
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for registry in registries()
+        for family in registry.collect()
+        for s in family.samples
+    }
+    checked = 0
+    for alert in alerts():
+        pattern = r'increase\(\s*([a-z_]+)\{\s*(kind|result)\s*=~?\s*"([^"]*)"\s*\}'
+        for metric, key, values in re.findall(pattern, alert["expr"]):
+            for value in values.split("|"):
+                assert samples.get((metric, ((key, value),))) == 0.0, (alert["alert"], value)
+                checked += 1
+    assert checked >= 3
