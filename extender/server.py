@@ -236,15 +236,31 @@ def make_app(extender: Extender, *, max_body: int = MAX_BODY_BYTES) -> web.Appli
     return app
 
 
-def metrics_app(metrics: Metrics) -> web.Application:
+METRICS_RENDER_SECONDS = 1.0
+"""The pod-network listener renders its page at most this often and serves the last
+page in between."""
+
+
+def metrics_app(
+    metrics: Metrics, *, clock: Callable[[], float] = time.monotonic
+) -> web.Application:
     """``/metrics`` alone, for a listener on the pod network (``--metrics-port``): the
     verbs stay on 127.0.0.1, since /bind binds with the ServiceAccount's rights and no
-    authentication, and /state lists every node's accounting."""
+    authentication, and /state lists every node's accounting.
+
+    The page is rendered on the event loop that answers filter and bind (34 ms at
+    5,000 eight-GPU nodes), and any pod may reach this port where the NetworkPolicy
+    component is not used: so it is rendered at most once per
+    :data:`METRICS_RENDER_SECONDS`, however many scrapes come."""
+    page = b""
+    rendered = -float("inf")
 
     async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        nonlocal page, rendered
+        now = clock()
+        if now - rendered >= METRICS_RENDER_SECONDS:
+            page, rendered = generate_latest(metrics.registry), now
+        return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application(client_max_size=4096, middlewares=[_never_500])
     app.router.add_get("/metrics", metrics_page)
