@@ -159,13 +159,11 @@ async def trickle(connection: Connection, data: bytes) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_a_next_header_begun_while_the_answer_is_worked_out_is_cut_off(
+async def answer_held(
     serve: ServerFactory,
-) -> None:
-    # On a kept-alive connection the next request's first bytes arrive while this one
-    # is answered: the header deadline did not start (a request was being handled) and
-    # was disarmed with the answer, so the partial header lived for the whole keep-alive
-    # (30 s), not the header deadline.
+) -> tuple[Connection, "asyncio.Task[dict[str, Any]]", asyncio.Event]:
+    """A connection whose request is being answered, the answer held until the event is
+    set: the task returns the review's response."""
     release = asyncio.Event()
     entered = asyncio.Event()
     cache = fed_cache()
@@ -180,6 +178,17 @@ async def test_a_next_header_begun_while_the_answer_is_worked_out_is_cut_off(
     connection = await webhook.connect()
     held = asyncio.create_task(admit(connection))
     await entered.wait()
+    return connection, held, release
+
+
+async def test_a_next_header_begun_while_the_answer_is_worked_out_is_cut_off(
+    serve: ServerFactory,
+) -> None:
+    # On a kept-alive connection the next request's first bytes arrive while this one
+    # is answered: the header deadline did not start (a request was being handled) and
+    # was disarmed with the answer, so the partial header lived for the whole keep-alive
+    # (30 s), not the header deadline.
+    connection, held, release = await answer_held(serve)
     connection.writer.write(b"POST /mutate HTTP/1.1\r\nHost: web")
     await connection.writer.drain()
     await asyncio.sleep(0.1)
@@ -198,20 +207,7 @@ async def test_a_whole_request_sent_while_the_answer_is_worked_out_is_answered(
 ) -> None:
     # The same with the next request complete, this answer out later than the header
     # deadline after it came: it is read in full, and answered.
-    release = asyncio.Event()
-    entered = asyncio.Event()
-    cache = fed_cache()
-    real = reviewer(cache, Admission(cache))
-
-    async def slow(request: AdmissionRequest) -> Verdict:
-        entered.set()
-        await release.wait()
-        return await real(request)
-
-    webhook = await serve(PATIENT, review=slow)
-    connection = await webhook.connect()
-    held = asyncio.create_task(admit(connection))
-    await entered.wait()
+    connection, held, release = await answer_held(serve)
     body = review_bytes("deployment-pod-shared")
     head = f"POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Length: {len(body)}\r\n\r\n"
     connection.writer.write(head.encode() + body)
