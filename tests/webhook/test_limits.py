@@ -159,11 +159,11 @@ async def trickle(connection: Connection, data: bytes) -> None:
             await asyncio.sleep(0.05)
 
 
-async def answer_held(
-    serve: ServerFactory,
-) -> tuple[Connection, "asyncio.Task[dict[str, Any]]", asyncio.Event]:
-    """A connection whose request is being answered, the answer held until the event is
-    set: the task returns the review's response."""
+def held_review() -> tuple[
+    Callable[[AdmissionRequest], Awaitable[Verdict]], asyncio.Event, asyncio.Event
+]:
+    """A review that answers as the webhook does, but only once ``release`` is set;
+    ``entered`` is set when a request reaches it. Returns (review, entered, release)."""
     release = asyncio.Event()
     entered = asyncio.Event()
     cache = fed_cache()
@@ -174,6 +174,15 @@ async def answer_held(
         await release.wait()
         return await real(request)
 
+    return slow, entered, release
+
+
+async def answer_held(
+    serve: ServerFactory,
+) -> tuple[Connection, "asyncio.Task[dict[str, Any]]", asyncio.Event]:
+    """A connection whose request is being answered, the answer held until the event is
+    set: the task returns the review's response."""
+    slow, entered, release = held_review()
     webhook = await serve(PATIENT, review=slow)
     connection = await webhook.connect()
     held = asyncio.create_task(admit(connection))
@@ -269,16 +278,7 @@ async def test_connections_beyond_the_cap_are_closed_and_the_open_ones_keep_work
 async def test_requests_beyond_the_in_flight_cap_are_denied_not_500(
     serve: ServerFactory,
 ) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-    cache = fed_cache()
-    real = reviewer(cache, Admission(cache))
-
-    async def slow(request: AdmissionRequest) -> Verdict:
-        entered.set()
-        await release.wait()
-        return await real(request)
-
+    slow, entered, release = held_review()
     webhook = await serve(review=slow, in_flight=InFlight(1))
     first, second = await webhook.connect(), await webhook.connect()
     held = asyncio.create_task(admit(first))
@@ -739,16 +739,7 @@ async def test_a_large_review_without_a_plain_length_counts_as_large(
 
 
 async def test_a_busy_answer_to_a_uid_that_is_not_utf8_is_not_a_500(serve: ServerFactory) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-    cache = fed_cache()
-    real = reviewer(cache, Admission(cache))
-
-    async def slow(request: AdmissionRequest) -> Verdict:
-        entered.set()
-        await release.wait()
-        return await real(request)
-
+    slow, entered, release = held_review()
     webhook = await serve(PATIENT, review=slow, in_flight=InFlight(1))
     first, second = await webhook.connect(), await webhook.connect()
     held = asyncio.create_task(admit(first))
