@@ -160,8 +160,13 @@ def test_stale_report_makes_placement_conservative(
         return not any(gpu["pods"] for gpu in status["gpus"])
 
     # What a stale report saw keeps counting, earlier tests' pods included: start from
-    # a report that shows none, as the agent writes once they are gone.
+    # a report that shows none, as the agent writes once they are gone, and from an
+    # extender that charges nothing there. A pod deleted before kubelet said it stopped
+    # (an earlier Deployment's pending pod, bound into the room its deleted replicas
+    # freed as the namespace was emptied) keeps its declaration charged through its
+    # grace period, unseen by the agent: the third pod here would wait that out.
     eventually("the agent to report no pods", idle, timeout=60)
+    wait_idle(cluster, [node])
     cluster.stop(agent)  # nobody refreshes the report now
     try:
         report = cluster.kubectl_json("get", "gpunodereport", node)
