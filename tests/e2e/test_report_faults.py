@@ -23,7 +23,6 @@ from tests.e2e.workloads import (
     gpu_deployment,
     pods,
     running,
-    settle,
     wait_idle,
 )
 
@@ -56,7 +55,7 @@ def test_nvml_unavailable_stale_and_forged_reports_keep_headroom(
     ns = namespace("gpu-shared")
     selector = {"kubernetes.io/hostname": NODE}
     cluster.apply([gpu_deployment(ns, "leaky", replicas=1, memory="6Gi", node_selector=selector)])
-    settle(cluster, ns, total=1)
+    eventually("the pod Running", lambda: len(running(pods(cluster, ns))) == 1, timeout=90)
     (pod,) = running(pods(cluster, ns))
     label = int(
         cluster.kubectl_json("get", "node", NODE)["metadata"]["labels"]["nvidia.com/gpu.memory"]

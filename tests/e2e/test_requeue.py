@@ -26,15 +26,23 @@ from devcluster import nodes
 from devcluster.cluster import Cluster
 from headroom import names
 from tests.e2e.conftest import NamespaceFactory
-from tests.e2e.workloads import GIB, eventually, failed_scheduling, gpu_pod
+from tests.e2e.workloads import GIB, eventually, failed_scheduling, gpu_pod, wait_idle
 
 pytestmark = pytest.mark.e2e
 
 NODE = "t4-shared-0"
-"""15360Mi, 14.5 GiB after the extender's margin; pinned by no other e2e test."""
+"""15360Mi, 14.5 GiB after the extender's margin. Pinned by no other e2e test, but the
+gpu-shared policy's unpinned pods may land there."""
 ADDED = "t4-requeue-e2e"
 WELL_BEFORE_THE_FLUSH = 30.0
 """Seconds. kube-scheduler's unschedulable flush retries a parked pod after 300 s."""
+
+
+@pytest.fixture(autouse=True)
+def idle_node(cluster: Cluster) -> None:
+    """Every case counts what fits on NODE: an earlier test's pod deleted before kubelet
+    said it stopped stays charged there through its grace period."""
+    wait_idle(cluster, [NODE])
 
 
 def pod(namespace: str, name: str, memory: str, *, uses: str | None = None) -> dict[str, Any]:

@@ -58,6 +58,15 @@ def test_a_burst_of_100_pods_never_over_commits_a_gpu(
     cluster.apply([gpu_deployment(ns, "burst", replicas=100, memory="10Gi")])
 
     settle(cluster, ns, total=100, timeout=240)
+    _assert_no_gpu_over_declared(cluster)
+    # Settled is not final: a bind refused or timed out under load leaves its pod
+    # unbound with an event until its retry.
+    eventually(
+        f"{CAPACITY_AT_10GI} pods Running",
+        lambda: len(running(pods(cluster, ns))) == CAPACITY_AT_10GI,
+        timeout=90,
+        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
+    )
     items = pods(cluster, ns)
     _assert_no_gpu_over_declared(cluster)
     assert len(running(items)) == CAPACITY_AT_10GI
@@ -190,6 +199,12 @@ def test_stale_report_makes_placement_conservative(
 
     # The stale report's 80Gi is not believed: the label's 40960Mi holds 3 pods,
     # not the 4 the device plugin's replicas (or the report) would allow.
+    eventually(
+        "3 pods Running",
+        lambda: len(running(pods(cluster, ns))) == 3,
+        timeout=60,
+        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
+    )
     items = pods(cluster, ns)
     assert len(running(items)) == 3
     assert {p["spec"]["nodeName"] for p in running(items)} == {node}

@@ -29,6 +29,7 @@ from tests.e2e.workloads import (
     pods,
     running,
     settle,
+    wait_idle,
 )
 
 TENANT = "tenant-ada"
@@ -81,6 +82,9 @@ def pinned(namespace: str, name: str, replicas: int, memory: str) -> dict[str, A
 def test_patched_annotations_change_no_charge(
     cluster: Cluster, namespace: NamespaceFactory
 ) -> None:
+    # An earlier test's pod deleted before kubelet said it stopped stays charged here
+    # through its grace period: three 10Gi pods fit only on a node charged nothing.
+    wait_idle(cluster, [NODE])
     ns = namespace("gpu-shared")
     tenant_of(cluster, ns)
     cluster.apply([pinned(ns, "fill", 3, "10Gi")])
