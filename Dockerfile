@@ -18,6 +18,7 @@ COPY requirements/lock.txt requirements/lock.txt
 COPY pyproject.toml README.md ./
 COPY headroom headroom
 COPY kube kube
+COPY serving serving
 COPY webhook webhook
 COPY extender extender
 COPY agent agent

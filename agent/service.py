@@ -46,6 +46,7 @@ from headroom import names
 from headroom.policy import GPUSharingPolicy
 from headroom.reports import SCHEMA_VERSION, ReportStatus, parse_report
 from kube.informer import Informer
+from serving.site import serve_plain
 
 log = logging.getLogger(__name__)
 
@@ -414,10 +415,11 @@ async def _start_http(agent: Agent, pods: Informer, config: AgentConfig) -> web.
     def ready() -> bool:
         return pods.synced.is_set() and agent.last is not None
 
-    # No access log: the kubelet probes every few seconds.
+    # Any pod can reach the port (without the networkpolicy component): its
+    # connections are capped, per client too.
     app = create_app(agent.metrics, healthy=healthy, ready=ready)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
+    runner, _ = await serve_plain(
+        app, config.host, config.port, component="agent", registry=agent.metrics.registry
+    )
     log.info("serving /healthz /readyz /metrics on %s:%d", config.host, config.port)
     return runner

@@ -24,6 +24,7 @@ from headroom.preemption import BUDGET_SECONDS
 from kube.config import credentials
 from kube.informer import LIST_TIMEOUT_SECONDS, Informer
 from kube.rest import Rest
+from serving.site import serve_plain
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +164,20 @@ async def _serve(settings: Settings, calls: ApiCalls, watches: Rest) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     runners = [runner]
-    if settings.metrics_port:
-        runners.append(
-            web.AppRunner(metrics_app(app[METRICS]), access_log=None, handle_signals=False)
-        )
-        await runners[-1].setup()
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         if settings.metrics_port:
-            await web.TCPSite(runners[-1], settings.metrics_host, settings.metrics_port).start()
+            # On the pod network, where any pod can reach it (without the networkpolicy
+            # component): its connections are capped, per client too. The verbs'
+            # listener is kube-scheduler's alone, on 127.0.0.1.
+            metrics_runner, _ = await serve_plain(
+                metrics_app(app[METRICS]),
+                settings.metrics_host,
+                settings.metrics_port,
+                component="extender",
+                registry=app[METRICS].registry,
+            )
+            runners.append(metrics_runner)
     except BaseException:
         for started in runners:
             await started.cleanup()

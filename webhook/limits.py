@@ -4,7 +4,7 @@ aiohttp alone keeps an idle connection for an hour, gives a request as long as
 it likes to send its headers and body, and accepts every connection the
 kernel hands it; asyncio's TLS layer gives each connection a 256 KiB read
 buffer. 1,000 idle connections took 367 MiB against a 256Mi limit (issue 8).
-:class:`Limits` are the numbers; :mod:`webhook.site` enforces those on
+:class:`Limits` are the numbers; :mod:`serving.site` enforces those on
 connections, :class:`InFlight` the cap on requests answered at once, and
 :class:`OffLoop` decides large pods on a worker thread, so a 6,500-container
 pod no longer holds the event loop for a second while other tenants wait.

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from kube.config import credentials
 from kube.rest import Rest
+from serving.site import LimitedSite
 from webhook.admission import Admission
 from webhook.cache import ClusterCache
 from webhook.certificate import Certificate
@@ -27,7 +28,6 @@ from webhook.limits import (
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, AdmissionResponse, Verdict
 from webhook.server import Reviewer, create_app
-from webhook.site import LimitedSite
 from webhook.tls import ReloadingContext
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from devcluster.binaries import bin_dir
 from extender.server import Metrics as ExtenderMetrics
 from extender.state import ClusterState
 from extender.verbs import Extender
+from serving.site import ConnectionMetrics
 from webhook.metrics import WebhookMetrics
-from webhook.site import ConnectionMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "manifests/components/monitoring"
@@ -52,9 +52,13 @@ async def _binds_nothing(namespace: str, name: str, uid: str, node: str) -> None
 
 def registries() -> list[CollectorRegistry]:
     webhook = WebhookMetrics()
-    ConnectionMetrics(webhook.registry)  # webhook.site adds these to the webhook's registry
     extender = ExtenderMetrics(Extender(ClusterState(margin=0, stale_after=90.0), _binds_nothing))
-    return [webhook.registry, extender.registry, AgentMetrics().registry]
+    agent = AgentMetrics()
+    # serving.site adds these to each registry, as the processes start their ports.
+    ConnectionMetrics("webhook", webhook.registry)
+    ConnectionMetrics("extender", extender.registry)
+    ConnectionMetrics("agent", agent.registry)
+    return [webhook.registry, extender.registry, agent.registry]
 
 
 def exported() -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""The webhook's limits on one real TLS server on 127.0.0.1 (webhook.site and
+"""The webhook's limits on one real TLS server on 127.0.0.1 (serving.site and
 webhook.limits): idle connections closed after the keep-alive, slow headers
 and slow bodies cut off, connections beyond the cap closed at once, requests
 beyond the in-flight cap denied (never a 500), large pods decided off the
@@ -25,6 +25,7 @@ from cli.main import build_parser
 from devcluster.binaries import CHECKOUT
 from headroom.mig import MigOffer
 from kube.rest import Answer, Rest
+from serving.site import LimitedSite
 from tests.webhook.reviews import fed_cache, review_bytes, review_json
 from tests.webhook.test_tls_server import Connection, client_context, generate
 from webhook.admission import Admission
@@ -34,7 +35,6 @@ from webhook.metrics import WebhookMetrics
 from webhook.review import MAX_WARNINGS, AdmissionRequest, Verdict, parse_request
 from webhook.server import BUSY_MESSAGE, Reviewer, create_app
 from webhook.service import reviewer
-from webhook.site import LimitedSite
 
 FAST = Limits(
     max_connections=4,
@@ -444,7 +444,7 @@ from webhook.limits import InFlight, Limits
 from webhook.metrics import WebhookMetrics
 from webhook.server import create_app
 from webhook.service import reviewer
-from webhook.site import LimitedSite
+from serving.site import LimitedSite
 from webhook.tls import ReloadingContext
 
 async def main() -> None:

@@ -1,10 +1,15 @@
-"""The listening side of :class:`~webhook.limits.Limits`, for an aiohttp AppRunner.
+"""Connection limits for an aiohttp AppRunner listening to clients it does not trust.
 
-:class:`LimitedSite` replaces ``web.TCPSite``:
+:class:`LimitedSite` replaces ``web.TCPSite``, over TLS (the webhook, with
+:class:`webhook.limits.Limits`) or plain HTTP (the agent's probe and metrics
+port and the extender's metrics port, on the pod network: :class:`PortLimits`):
 
 - it counts connections at TCP accept, before any TLS work: beyond
   ``max_connections`` a new one is aborted at once, the open ones carry on;
-- it runs the TLS layer itself (asyncio's SSLProtocol) with a 16 KiB read
+  with ``per_peer``, a client address holding that many has its next one
+  aborted too, so one pod cannot take every slot from the kubelet's probes
+  and Prometheus;
+- over TLS, it runs the TLS layer itself (asyncio's SSLProtocol) with a 16 KiB read
   buffer instead of 256 KiB, a handshake deadline, and a 2 s wait for the
   peer's close_notify instead of 30 s;
 - it gives a request ``header_timeout`` from its first byte (from the end of
@@ -18,7 +23,7 @@
   3.14 has no such deadline: its keep-alive timer runs only while no request
   is being read, and a partial header does not stop it -- a header sent a byte
   a second lived for the whole keep-alive. So a small protocol between the TLS
-  layer and aiohttp's RequestHandler keeps the deadline, and the server's
+  layer (or the socket) and aiohttp's RequestHandler keeps the deadline, and the server's
   request handler, wrapped, tells it when the headers are in and when the
   answer is out;
 - ``keepalive_timeout`` itself is aiohttp's (``AppRunner(keepalive_timeout=)``).
@@ -30,15 +35,50 @@ import ssl
 import time
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from webhook.limits import Limits
-
 log = logging.getLogger(__name__)
+
+
+class Limits(Protocol):
+    """The numbers :class:`LimitedSite` enforces (``keepalive_timeout`` is the runner's)."""
+
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def header_timeout(self) -> float: ...
+    @property
+    def body_timeout(self) -> float: ...
+    @property
+    def handshake_timeout(self) -> float: ...
+    @property
+    def write_timeout(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class PortLimits:
+    """For a plain-HTTP port of probes and ``/metrics`` that any pod can reach
+    (without the networkpolicy component): a kubelet probing every few seconds,
+    a Prometheus or two scraping, each a request at a time. aiohttp alone held
+    8,000 connections each sending a header slowly, 100 MiB of the agent's
+    192Mi, for as long as they liked (measured); capped, a flood costs at most
+    ``max_connections`` times aiohttp's largest header section, and one client
+    address holds at most ``per_peer`` of them."""
+
+    max_connections: int = 64
+    per_peer: int = 8
+    keepalive_timeout: float = 30.0
+    header_timeout: float = 5.0
+    body_timeout: float = 5.0
+    handshake_timeout: float = 5.0
+    """Unused: the port is plain HTTP."""
+    write_timeout: float = 5.0
+
 
 TLS_READ_BUFFER = 16 * 1024
 """asyncio's SSLProtocol reads into a 256 KiB buffer per connection; a TLS
@@ -51,26 +91,49 @@ class _SmallBufferTLS(sslproto.SSLProtocol):
     max_size = TLS_READ_BUFFER
 
 
+CLOSE_REASONS = ("over-cap", "peer-cap", "header-timeout", "body-timeout", "write-timeout")
+
+
 class ConnectionMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
+    """``headroom_<component>_open_connections`` and ``..._connections_closed_total``."""
+
+    def __init__(self, component: str, registry: CollectorRegistry | None) -> None:
+        listener = (
+            f"the {component}'s port for untrusted clients"
+            if component != "extender"
+            else "the extender's --metrics-port"
+        )
         self.open = Gauge(
-            "headroom_webhook_open_connections",
-            "Connections open now, TLS handshakes included.",
+            f"headroom_{component}_open_connections",
+            f"Connections open now on {listener}, TLS handshakes included.",
             registry=registry,
         )
         self.closed = Counter(
-            "headroom_webhook_connections_closed_total",
-            "Connections the webhook closed, by reason "
-            "(over-cap, header-timeout, body-timeout, write-timeout).",
+            f"headroom_{component}_connections_closed_total",
+            f"Connections {listener} closed, by reason ({', '.join(CLOSE_REASONS)}).",
             ["reason"],
             registry=registry,
         )
+        for reason in CLOSE_REASONS:
+            self.closed.labels(reason)  # exported at 0: increase() misses a first 1
 
 
 class LimitedSite(web.BaseSite):
-    """A TCP site for an :class:`aiohttp.web.AppRunner` that enforces :class:`Limits`."""
+    """A TCP site for an :class:`aiohttp.web.AppRunner` that enforces :class:`Limits`:
+    over TLS with ``ssl_context``, plain HTTP without."""
 
-    __slots__ = ("_guards", "_host", "_limits", "_metrics", "_open", "_port", "_warned")
+    __slots__ = (
+        "_component",
+        "_guards",
+        "_host",
+        "_limits",
+        "_metrics",
+        "_open",
+        "_peers",
+        "_per_peer",
+        "_port",
+        "_warned",
+    )
 
     def __init__(
         self,
@@ -78,22 +141,28 @@ class LimitedSite(web.BaseSite):
         host: str,
         port: int,
         *,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         limits: Limits,
+        per_peer: int | None = None,
+        component: str = "webhook",
         registry: CollectorRegistry | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=1024)
         self._host = host
         self._port = port
         self._limits = limits
-        self._metrics = ConnectionMetrics(registry)
+        self._per_peer = per_peer
+        self._component = component
+        self._metrics = ConnectionMetrics(component, registry)
         self._open = 0
+        self._peers: dict[str, int] = {}
         self._guards: dict[RequestHandler, _Guard] = {}
         self._warned = 0.0
 
     @property
     def name(self) -> str:
-        return f"https://{self._host}:{self._port}"
+        scheme = "https" if self._ssl_context is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     @property
     def open_connections(self) -> int:
@@ -120,21 +189,18 @@ class LimitedSite(web.BaseSite):
 
     def _accept(self) -> asyncio.BaseProtocol:
         if self._open >= self._limits.max_connections:
-            self._metrics.closed.labels("over-cap").inc()
-            now = time.monotonic()
-            if now - self._warned > 10:
-                self._warned = now
-                log.warning("%d connections open: closing new ones (--max-connections)", self._open)
+            self._refused("over-cap", f"{self._open} connections open")
             return _Refuse()
         server = self._runner.server
         assert server is not None
-        assert self._ssl_context is not None
         # Counted here, not in connection_made: asyncio accepts a whole backlog
         # before any connection_made runs.
-        self._opened()
-        guard = _Guard(server(), self)
+        slot = _Slot(self)
+        guard = _Guard(server(), self, slot)
+        if self._ssl_context is None:
+            return guard
         return _CountedTLS(
-            self,
+            slot,
             asyncio.get_running_loop(),
             guard,
             self._ssl_context,
@@ -144,6 +210,13 @@ class LimitedSite(web.BaseSite):
             ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
         )
 
+    def _refused(self, reason: str, why: str) -> None:
+        self._metrics.closed.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._warned > 10:
+            self._warned = now
+            log.warning("%s on %s: closing new ones (%s)", why, self.name, reason)
+
     def _opened(self) -> None:
         self._open += 1
         self._metrics.open.set(self._open)
@@ -151,6 +224,29 @@ class LimitedSite(web.BaseSite):
     def _closed(self) -> None:
         self._open -= 1
         self._metrics.open.set(self._open)
+
+    def _admit_peer(self, transport: asyncio.BaseTransport) -> str | None:
+        """Count the connection against its client address: that address, or None
+        where it already holds ``per_peer`` (the connection is then to be aborted)."""
+        if self._per_peer is None:
+            return ""
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        held = self._peers.get(address, 0)
+        if held >= self._per_peer:
+            self._refused("peer-cap", f"{address} holds {held} connections")
+            return None
+        self._peers[address] = held + 1
+        return address
+
+    def _peer_closed(self, address: str) -> None:
+        if not address:
+            return
+        held = self._peers.get(address, 0) - 1
+        if held > 0:
+            self._peers[address] = held
+        else:
+            self._peers.pop(address, None)
 
     def _wrap(
         self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -173,24 +269,60 @@ class _Refuse(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]
 
 
-class _CountedTLS(_SmallBufferTLS):
-    def __init__(self, site: LimitedSite, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class _Slot:
+    """One accepted connection's place in the site's counts, given back once."""
+
+    __slots__ = ("_address", "_site")
+
+    def __init__(self, site: LimitedSite) -> None:
         self._site: LimitedSite | None = site
+        self._address: str | None = None
+        site._opened()
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether the client's address may hold one more; counts it if so."""
+        if self._site is None:
+            return False
+        self._address = self._site._admit_peer(transport)
+        return self._address is not None
+
+    def release(self) -> None:
+        site, self._site = self._site, None
+        if site is None:
+            return
+        site._closed()
+        if self._address is not None:
+            site._peer_closed(self._address)
+
+
+class _CountedTLS(_SmallBufferTLS):
+    def __init__(self, slot: _Slot, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slot = slot
+        self._admitted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._slot.admit(transport):
+            self._slot.release()
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self._admitted = True
+        super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._site is not None:
-            self._site._closed()
-            self._site = None
-        super().connection_lost(exc)
+        self._slot.release()
+        if self._admitted:  # refused: no handshake was begun
+            super().connection_lost(exc)
 
 
 class _Guard(asyncio.Protocol):
-    """Between the TLS layer and aiohttp's handler: the read deadlines of one connection."""
+    """Between the TLS layer (or the socket) and aiohttp's handler: the read
+    deadlines of one connection."""
 
-    def __init__(self, handler: RequestHandler, site: LimitedSite) -> None:
+    def __init__(self, handler: RequestHandler, site: LimitedSite, slot: _Slot) -> None:
         self._handler = handler
         self._site = site
+        self._slot = slot
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
@@ -199,15 +331,24 @@ class _Guard(asyncio.Protocol):
         """Set while the handler runs, that is once the headers are in."""
         self._next = False
         """Whether bytes of the next request came while this one was answered."""
+        self._plain = site._ssl_context is None
+        """Straight on the socket: this protocol admits the client and gives its
+        slot back (over TLS, the TLS layer does, handshake failures included)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        if self._plain and not self._slot.admit(transport):
+            self._slot.release()
+            transport.abort()
+            return
         self._transport = transport
         self._site._guards[self._handler] = self
         self._handler.connection_made(transport)
         self._arm(self._site._limits.header_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self._transport is None:
+            return  # refused: aborting
         if self._request is None:
             if self._timer is None:
                 self._arm(self._site._limits.header_timeout)  # a new request's first byte
@@ -216,9 +357,14 @@ class _Guard(asyncio.Protocol):
         self._handler.data_received(data)
 
     def eof_received(self) -> None:
-        self._handler.eof_received()
+        if self._transport is not None:
+            self._handler.eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._plain:
+            self._slot.release()
+        if self._transport is None:
+            return  # refused before aiohttp saw it
         self._disarm()
         self._disarm_write()
         self._site._guards.pop(self._handler, None)
@@ -289,3 +435,37 @@ class _Guard(asyncio.Protocol):
 
     def _peer(self) -> object:
         return self._transport.get_extra_info("peername") if self._transport else "connection"
+
+
+async def serve_plain(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    component: str,
+    registry: CollectorRegistry | None,
+    limits: PortLimits | None = None,
+) -> tuple[web.AppRunner, LimitedSite]:
+    """Serve ``app`` over plain HTTP with :class:`PortLimits`; the caller cleans the
+    runner up. No access log: the kubelet probes and Prometheus scrape all day."""
+    limits = limits or PortLimits()
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=limits.keepalive_timeout
+    )
+    await runner.setup()
+    site = LimitedSite(
+        runner,
+        host,
+        port,
+        ssl_context=None,
+        limits=limits,
+        per_peer=limits.per_peer,
+        component=component,
+        registry=registry,
+    )
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site

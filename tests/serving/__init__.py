@@ -1,0 +1,1 @@
+"""Tests of serving: what the shells share to serve HTTP to untrusted clients."""

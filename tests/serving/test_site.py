@@ -1,0 +1,175 @@
+"""serving.site over plain HTTP, as the agent's probe and metrics port and the
+extender's metrics port serve: a header sent slowly is cut off at its deadline,
+connections beyond the cap or beyond one client's share are closed at once while
+the open ones answer, and every slot is given back. One real server on 127.0.0.1;
+a second client address from the loopback's 127.0.0.2."""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from serving.site import CLOSE_REASONS, LimitedSite, PortLimits, serve_plain
+
+FAST = PortLimits(
+    max_connections=4,
+    per_peer=3,
+    keepalive_timeout=5.0,
+    header_timeout=0.5,
+    body_timeout=0.5,
+    write_timeout=0.5,
+)
+"""Deadlines short enough for a unit test; the defaults are in README."""
+
+
+@dataclass
+class Port:
+    site: LimitedSite
+    registry: CollectorRegistry
+    clients: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    def closed(self, reason: str) -> float:
+        value = self.registry.get_sample_value(
+            "headroom_test_connections_closed_total", {"reason": reason}
+        )
+        assert value is not None
+        return value
+
+    async def connect(
+        self, source: str = "127.0.0.1"
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", self.site.port, local_addr=(source, 0)
+        )
+        self.clients.append(writer)
+        return reader, writer
+
+
+PortFactory = Callable[[PortLimits], Awaitable[Port]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[PortFactory]:
+    runners: list[web.AppRunner] = []
+    ports: list[Port] = []
+
+    async def start(limits: PortLimits) -> Port:
+        async def ok(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/healthz", ok)
+        registry = CollectorRegistry()
+        runner, site = await serve_plain(
+            app, "127.0.0.1", 0, component="test", registry=registry, limits=limits
+        )
+        runners.append(runner)
+        ports.append(Port(site, registry))
+        return ports[-1]
+
+    yield start
+    for port in ports:
+        for writer in port.clients:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One GET on a kept-alive connection: the status line of its answer."""
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\n\r\n")
+    await writer.drain()
+    return await asyncio.wait_for(reader.readline(), 2)
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), within) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(150):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met within 3s")
+
+
+async def test_a_header_sent_slowly_is_cut_off_at_its_deadline(serve: PortFactory) -> None:
+    port = await serve(FAST)
+    reader, writer = await port.connect()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nX-Slow: ")
+    await writer.drain()
+    # aiohttp alone waits for the rest as long as the keep-alive (5 s here) and longer:
+    # a partial header does not stop its timer.
+    assert await closed_by_server(reader, within=FAST.header_timeout + 1.5)
+    assert port.closed("header-timeout") == 1
+    await until(lambda: port.site.open_connections == 0)
+
+    reader, writer = await port.connect()
+    assert await get(reader, writer) == b"HTTP/1.1 200 OK\r\n"
+    writer.close()
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once(serve: PortFactory) -> None:
+    port = await serve(PortLimits(**{**FAST.__dict__, "per_peer": 100}))
+    held = [await port.connect() for _ in range(FAST.max_connections)]
+    await until(lambda: port.site.open_connections == FAST.max_connections)
+    reader, _ = await port.connect()
+    assert await closed_by_server(reader, within=1.0)
+    assert port.closed("over-cap") == 1
+    # The open ones carry on.
+    assert await get(*held[0]) == b"HTTP/1.1 200 OK\r\n"
+    for _, writer in held:
+        writer.close()
+    await until(lambda: port.site.open_connections == 0)
+    assert await get(*await port.connect()) == b"HTTP/1.1 200 OK\r\n"
+
+
+async def test_one_client_address_holds_at_most_its_share(serve: PortFactory) -> None:
+    port = await serve(FAST)
+    flood = [await port.connect("127.0.0.1") for _ in range(FAST.per_peer)]
+    reader, _ = await port.connect("127.0.0.1")
+    assert await closed_by_server(reader, within=1.0)
+    assert port.closed("peer-cap") == 1
+    # Another client (the kubelet's probe, Prometheus) still gets in, under the cap.
+    other = await port.connect("127.0.0.2")
+    assert await get(*other) == b"HTTP/1.1 200 OK\r\n"
+    assert port.closed("over-cap") == 0
+
+    # Closed, the flood's slots are the address's again, and the refused one held none.
+    for _, writer in flood:
+        writer.close()
+    await until(lambda: port.site.open_connections == 1)
+    again = [await port.connect("127.0.0.1") for _ in range(FAST.per_peer)]
+    for connection in again:
+        assert await get(*connection) == b"HTTP/1.1 200 OK\r\n"
+    assert port.closed("peer-cap") == 1
+
+
+async def test_every_close_reason_is_exported_from_the_start(serve: PortFactory) -> None:
+    port = await serve(FAST)
+    # increase() reads a series that first appears at 1 as no increase.
+    assert {reason: port.closed(reason) for reason in CLOSE_REASONS} == dict.fromkeys(
+        CLOSE_REASONS, 0.0
+    )
+    gauge = port.registry.get_sample_value("headroom_test_open_connections")
+    assert gauge == 0.0
+
+
+def test_the_defaults_leave_room_for_probes_and_scrapes() -> None:
+    limits = PortLimits()
+    # A kubelet's two probes and two Prometheus replicas, each a connection at a time,
+    # fit one client's share many times over; one pod cannot take every slot.
+    assert 4 <= limits.per_peer < limits.max_connections
+    assert limits.header_timeout <= 5.0
