@@ -17,7 +17,10 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   it, for one begun while that was worked out, as Go's server does) to its
   complete headers,
   and ``body_timeout`` from there to its complete body, and aborts the
-  connection past either (Go's ReadHeaderTimeout and ReadTimeout); and it
+  connection past either (Go's ReadHeaderTimeout and ReadTimeout); with
+  ``max_header_bytes``, it aborts a connection whose request sends more than
+  that before its headers are complete, before aiohttp buffers any of it (Go's
+  MaxHeaderBytes); and it
   aborts a connection whose answer waits ``write_timeout`` for the client to
   read it (its write buffer full: aiohttp waits for it to drain for ever). aiohttp
   3.14 has no such deadline: its keep-alive timer runs only while no request
@@ -67,11 +70,18 @@ class PortLimits:
     a Prometheus or two scraping, each a request at a time. aiohttp alone held
     8,000 connections each sending a header slowly, 100 MiB of the agent's
     192Mi, for as long as they liked (measured); capped, a flood costs at most
-    ``max_connections`` times aiohttp's largest header section, and one client
-    address holds at most ``per_peer`` of them."""
+    ``max_connections`` times ``max_header_bytes``, and one client address holds
+    at most ``per_peer`` of them."""
 
     max_connections: int = 64
     per_peer: int = 8
+    max_header_bytes: int = 16 * 1024
+    """Bytes a request may send before its headers are complete (a body sent
+    with them counts too: these ports take none). aiohttp alone
+    takes 128 header fields of 8 KiB: 64 connections (eight pods, eight each)
+    sending that much, never the last CRLF, held ~2 MiB apiece, +126 MiB
+    (measured), past the agent's 192Mi over the ~94 MiB it holds at rest. The
+    kubelet's probe sends ~150 bytes, a Prometheus scrape ~500."""
     keepalive_timeout: float = 30.0
     header_timeout: float = 5.0
     body_timeout: float = 5.0
@@ -91,7 +101,14 @@ class _SmallBufferTLS(sslproto.SSLProtocol):
     max_size = TLS_READ_BUFFER
 
 
-CLOSE_REASONS = ("over-cap", "peer-cap", "header-timeout", "body-timeout", "write-timeout")
+CLOSE_REASONS = (
+    "over-cap",
+    "peer-cap",
+    "header-timeout",
+    "header-too-large",
+    "body-timeout",
+    "write-timeout",
+)
 
 
 class ConnectionMetrics:
@@ -127,6 +144,7 @@ class LimitedSite(web.BaseSite):
         "_guards",
         "_host",
         "_limits",
+        "_max_header_bytes",
         "_metrics",
         "_open",
         "_peers",
@@ -144,6 +162,7 @@ class LimitedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None,
         limits: Limits,
         per_peer: int | None = None,
+        max_header_bytes: int | None = None,
         component: str = "webhook",
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -152,6 +171,7 @@ class LimitedSite(web.BaseSite):
         self._port = port
         self._limits = limits
         self._per_peer = per_peer
+        self._max_header_bytes = max_header_bytes
         self._component = component
         self._metrics = ConnectionMetrics(component, registry)
         self._open = 0
@@ -331,6 +351,8 @@ class _Guard(asyncio.Protocol):
         """Set while the handler runs, that is once the headers are in."""
         self._next = False
         """Whether bytes of the next request came while this one was answered."""
+        self._header_bytes = 0
+        """Bytes received since the last request's headers were complete."""
         self._plain = site._ssl_context is None
         """Straight on the socket: this protocol admits the client and gives its
         slot back (over TLS, the TLS layer does, handshake failures included)."""
@@ -354,6 +376,15 @@ class _Guard(asyncio.Protocol):
                 self._arm(self._site._limits.header_timeout)  # a new request's first byte
         elif self._request.content.is_eof():
             self._next = True  # the next request's, while this one is answered
+        # Bytes of a body count against body_timeout and aiohttp's read buffer.
+        limit = self._site._max_header_bytes
+        if limit is not None and (self._request is None or self._next):
+            self._header_bytes += len(data)
+            if self._header_bytes > limit:
+                self._site._metrics.closed.labels("header-too-large").inc()
+                log.info("closing %s: headers too large", self._peer())
+                self._transport.abort()
+                return  # never handed to aiohttp, which would hold it
         self._handler.data_received(data)
 
     def eof_received(self) -> None:
@@ -396,6 +427,7 @@ class _Guard(asyncio.Protocol):
 
     def reading_body(self, request: web.BaseRequest) -> None:
         self._request = request
+        self._header_bytes = 0
         self._arm(self._site._limits.body_timeout)
 
     def answered(self) -> None:
@@ -460,6 +492,7 @@ async def serve_plain(
         ssl_context=None,
         limits=limits,
         per_peer=limits.per_peer,
+        max_header_bytes=limits.max_header_bytes,
         component=component,
         registry=registry,
     )

@@ -173,3 +173,47 @@ def test_the_defaults_leave_room_for_probes_and_scrapes() -> None:
     # fit one client's share many times over; one pod cannot take every slot.
     assert 4 <= limits.per_peer < limits.max_connections
     assert limits.header_timeout <= 5.0
+
+
+async def test_a_request_sending_more_header_than_probes_do_is_cut_off_at_once(
+    serve: PortFactory,
+) -> None:
+    # aiohttp alone takes 128 header fields of 8 KiB: 64 connections, eight from
+    # each of eight pods, each sending that much and never the last CRLF, held
+    # ~2 MiB apiece (+126 MiB, measured), past the agent's 192Mi over its ~94 MiB.
+    port = await serve(PortLimits(**{**FAST.__dict__, "header_timeout": 5.0}))
+    reader, writer = await port.connect()
+    field_ = b"X-Fat: " + b"a" * 8000 + b"\r\n"
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\n" + field_ * 3)
+    await writer.drain()
+    # Closed at once, not at the header deadline: aiohttp never held it.
+    assert await closed_by_server(reader, within=1.0)
+    assert port.closed("header-too-large") == 1
+    await until(lambda: port.site.open_connections == 0)
+
+    # What the kubelet's probe sends gets in, on a kept-alive connection too.
+    reader, writer = await port.connect()
+    probe = (
+        b"GET /healthz HTTP/1.1\r\nHost: 10.0.0.1:9402\r\nUser-Agent: kube-probe/1.34\r\n"
+        b"Accept: */*\r\n\r\n"
+    )
+    for _ in range(200):  # more than max_header_bytes in all, a request at a time
+        writer.write(probe)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+        while await asyncio.wait_for(reader.readline(), 2) != b"\r\n":
+            pass
+        await asyncio.wait_for(reader.readexactly(2), 2)  # "ok"
+    # Pipelined, many at once, as long as they fit.
+    writer.write(probe * 20)
+    await writer.drain()
+    for _ in range(20):
+        assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+        while await asyncio.wait_for(reader.readline(), 2) != b"\r\n":
+            pass
+        await asyncio.wait_for(reader.readexactly(2), 2)
+    assert port.closed("header-too-large") == 1
+
+    # The worst a flood holds: 64 connections' header sections.
+    limits = PortLimits()
+    assert limits.max_connections * limits.max_header_bytes <= 2 * 2**20
