@@ -114,7 +114,9 @@ CLOSE_REASONS = (
 class ConnectionMetrics:
     """``headroom_<component>_open_connections`` and ``..._connections_closed_total``."""
 
-    def __init__(self, component: str, registry: CollectorRegistry | None) -> None:
+    def __init__(
+        self, component: str, registry: CollectorRegistry | None, *, tls: bool = False
+    ) -> None:
         listener = (
             f"the {component}'s port for untrusted clients"
             if component != "extender"
@@ -122,7 +124,7 @@ class ConnectionMetrics:
         )
         self.open = Gauge(
             f"headroom_{component}_open_connections",
-            f"Connections open now on {listener}, TLS handshakes included.",
+            f"Connections open now on {listener}" + (", TLS handshakes included." if tls else "."),
             registry=registry,
         )
         self.closed = Counter(
@@ -173,7 +175,7 @@ class LimitedSite(web.BaseSite):
         self._per_peer = per_peer
         self._max_header_bytes = max_header_bytes
         self._component = component
-        self._metrics = ConnectionMetrics(component, registry)
+        self._metrics = ConnectionMetrics(component, registry, tls=ssl_context is not None)
         self._open = 0
         self._peers: dict[str, int] = {}
         self._guards: dict[RequestHandler, _Guard] = {}

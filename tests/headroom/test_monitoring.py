@@ -55,7 +55,7 @@ def registries() -> list[CollectorRegistry]:
     extender = ExtenderMetrics(Extender(ClusterState(margin=0, stale_after=90.0), _binds_nothing))
     agent = AgentMetrics()
     # serving.site adds these to each registry, as the processes start their ports.
-    ConnectionMetrics("webhook", webhook.registry)
+    ConnectionMetrics("webhook", webhook.registry, tls=True)
     ConnectionMetrics("extender", extender.registry)
     ConnectionMetrics("agent", agent.registry)
     return [webhook.registry, extender.registry, agent.registry]

@@ -165,6 +165,9 @@ async def test_every_close_reason_is_exported_from_the_start(serve: PortFactory)
     )
     gauge = port.registry.get_sample_value("headroom_test_open_connections")
     assert gauge == 0.0
+    # Plain HTTP: no TLS handshake is ever counted, and the help says none.
+    helps = {metric.name: metric.documentation for metric in port.registry.collect()}
+    assert "TLS" not in helps["headroom_test_open_connections"]
 
 
 def test_the_defaults_leave_room_for_probes_and_scrapes() -> None:
