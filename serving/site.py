@@ -7,8 +7,11 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
 - it counts connections at TCP accept, before any TLS work: beyond
   ``max_connections`` a new one is aborted at once, the open ones carry on;
   with ``per_peer``, a client address holding that many has its next one
-  aborted too, so one pod cannot take every slot from the kubelet's probes
-  and Prometheus;
+  aborted too, and a full site makes room for a client holding fewer than
+  another by aborting that other's oldest connection not being answered (its
+  request half-sent, or idle between requests), as nginx drops idle keep-alive
+  connections when it runs short: so pods holding every slot, each within its
+  share, still cannot shut out the kubelet's probe or Prometheus;
 - over TLS, it runs the TLS layer itself (asyncio's SSLProtocol) with a 16 KiB read
   buffer instead of 256 KiB, a handshake deadline, and a 2 s wait for the
   peer's close_notify instead of 30 s;
@@ -104,6 +107,7 @@ class _SmallBufferTLS(sslproto.SSLProtocol):
 CLOSE_REASONS = (
     "over-cap",
     "peer-cap",
+    "displaced",
     "header-timeout",
     "header-too-large",
     "body-timeout",
@@ -210,7 +214,11 @@ class LimitedSite(web.BaseSite):
         )
 
     def _accept(self) -> asyncio.BaseProtocol:
-        if self._open >= self._limits.max_connections:
+        # With per_peer, one past the cap is let in as far as connection_made, where
+        # its address is known and it may displace another client's (_make_room); a
+        # burst of accepts before any connection_made runs is bounded at twice it.
+        ceiling = self._limits.max_connections * (1 if self._per_peer is None else 2)
+        if self._open >= ceiling:
             self._refused("over-cap", f"{self._open} connections open")
             return _Refuse()
         server = self._runner.server
@@ -258,8 +266,28 @@ class LimitedSite(web.BaseSite):
         if held >= self._per_peer:
             self._refused("peer-cap", f"{address} holds {held} connections")
             return None
+        if self._open > self._limits.max_connections and not self._make_room(held):
+            self._refused("over-cap", f"{self._open - 1} connections open")
+            return None
         self._peers[address] = held + 1
         return address
+
+    def _make_room(self, held: int) -> bool:
+        """For a newcomer whose address holds ``held``: abort the oldest connection,
+        not being answered, of an address holding more (the most first). False where
+        there is none: every other client holds as few, or is being answered."""
+        candidates = [
+            guard
+            for guard in self._guards.values()
+            if guard.displaceable() and self._peers.get(guard.address, 0) > held
+        ]
+        if not candidates:
+            return False
+        victim = max(candidates, key=lambda g: (self._peers.get(g.address, 0), -g.since))
+        self._metrics.closed.labels("displaced").inc()
+        log.info("closing %s: displaced by a client holding fewer", victim._peer())
+        victim.abort()
+        return True
 
     def _peer_closed(self, address: str) -> None:
         if not address:
@@ -300,6 +328,10 @@ class _Slot:
         self._site: LimitedSite | None = site
         self._address: str | None = None
         site._opened()
+
+    @property
+    def address(self) -> str:
+        return self._address or ""
 
     def admit(self, transport: asyncio.BaseTransport) -> bool:
         """Whether the client's address may hold one more; counts it if so."""
@@ -353,6 +385,8 @@ class _Guard(asyncio.Protocol):
         """Set while the handler runs, that is once the headers are in."""
         self._next = False
         """Whether bytes of the next request came while this one was answered."""
+        self.since = 0.0
+        """When it was admitted (monotonic): the oldest are displaced first."""
         self._header_bytes = 0
         """Bytes received since the last request's headers were complete."""
         self._plain = site._ssl_context is None
@@ -366,9 +400,23 @@ class _Guard(asyncio.Protocol):
             transport.abort()
             return
         self._transport = transport
+        self.since = time.monotonic()
         self._site._guards[self._handler] = self
         self._handler.connection_made(transport)
         self._arm(self._site._limits.header_timeout)
+
+    @property
+    def address(self) -> str:
+        return self._slot.address
+
+    def displaceable(self) -> bool:
+        """Open, and no request of it being answered (half-sent, or idle between)."""
+        transport = self._transport
+        return transport is not None and not transport.is_closing() and self._request is None
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._transport is None:

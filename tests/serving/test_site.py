@@ -30,6 +30,8 @@ FAST = PortLimits(
 class Port:
     site: LimitedSite
     registry: CollectorRegistry
+    gate: asyncio.Event
+    """What ``GET /slow`` waits for before it answers."""
     clients: list[asyncio.StreamWriter] = field(default_factory=list)
 
     def closed(self, reason: str) -> float:
@@ -58,17 +60,24 @@ async def serve() -> AsyncIterator[PortFactory]:
     ports: list[Port] = []
 
     async def start(limits: PortLimits) -> Port:
+        gate = asyncio.Event()
+
         async def ok(_: web.Request) -> web.Response:
             return web.Response(text="ok")
 
+        async def slow(_: web.Request) -> web.Response:
+            await gate.wait()
+            return web.Response(text="slow")
+
         app = web.Application()
         app.router.add_get("/healthz", ok)
+        app.router.add_get("/slow", slow)
         registry = CollectorRegistry()
         runner, site = await serve_plain(
             app, "127.0.0.1", 0, component="test", registry=registry, limits=limits
         )
         runners.append(runner)
-        ports.append(Port(site, registry))
+        ports.append(Port(site, registry, gate))
         return ports[-1]
 
     yield start
@@ -220,3 +229,77 @@ async def test_a_request_sending_more_header_than_probes_do_is_cut_off_at_once(
     # The worst a flood holds: 64 connections' header sections.
     limits = PortLimits()
     assert limits.max_connections * limits.max_header_bytes <= 2 * 2**20
+
+
+SHARE = PortLimits(
+    **{**FAST.__dict__, "per_peer": 2, "header_timeout": 10.0, "keepalive_timeout": 10.0}
+)
+"""Four slots, two per client: two clients fill the port, each within its share,
+for as long as the test takes."""
+
+
+async def probe(port: Port) -> bytes:
+    """The kubelet's way: a new connection, one request, closed after."""
+    reader, writer = await port.connect("127.0.0.1")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.readline(), 2)
+    except ConnectionResetError:
+        return b"reset"
+
+
+async def test_clients_holding_every_slot_cannot_shut_out_the_probe(serve: PortFactory) -> None:
+    port = await serve(SHARE)
+    # Two pods, each within its share, hold all four slots: kept alive after a GET,
+    # or sending a header slowly.
+    idle = [await port.connect("127.0.0.2") for _ in range(2)]
+    for connection in idle:
+        assert await get(*connection) == b"HTTP/1.1 200 OK\r\n"
+    for _ in range(2):
+        _, writer = await port.connect("127.0.0.3")
+        writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+    await until(lambda: port.site.open_connections == SHARE.max_connections)
+
+    # The kubelet probes three times (a failure threshold's worth), the pods taking
+    # back every slot in between: each probe gets in, displacing a connection of a
+    # client holding more.
+    for attempt in range(1, 4):
+        assert await probe(port) == b"HTTP/1.1 200 OK\r\n"
+        assert port.closed("displaced") == attempt
+        await until(lambda: port.site.open_connections == SHARE.max_connections - 1)
+        short = min(("127.0.0.2", "127.0.0.3"), key=lambda a: port.site._peers.get(a, 0))
+        await get(*await port.connect(short))
+        assert port.site.open_connections == SHARE.max_connections
+    assert port.closed("over-cap") == 0
+
+
+async def test_a_request_being_answered_is_never_displaced(serve: PortFactory) -> None:
+    port = await serve(SHARE)
+    answering = []
+    for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"):
+        reader, writer = await port.connect(source)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: agent\r\n\r\n")
+        answering.append(reader)
+    await until(lambda: port.site.open_connections == SHARE.max_connections)
+    await asyncio.sleep(0.1)  # every request's headers in, its handler waiting
+
+    # Nothing to displace: the newcomer is refused, and every request is answered.
+    assert await probe(port) in (b"", b"reset")
+    assert port.closed("over-cap") == 1
+    assert port.closed("displaced") == 0
+    port.gate.set()
+    for reader in answering:
+        assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+
+
+async def test_a_client_holding_as_many_as_the_others_displaces_none(serve: PortFactory) -> None:
+    port = await serve(SHARE)
+    for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"):
+        await get(*await port.connect(source))
+    await until(lambda: port.site.open_connections == SHARE.max_connections)
+    # 127.0.0.3 already holds as many as anyone: it gains nothing at another's cost.
+    reader, _ = await port.connect("127.0.0.3")
+    assert await closed_by_server(reader, within=1.0)
+    assert port.closed("displaced") == 0
+    assert port.closed("peer-cap") == 1
