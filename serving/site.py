@@ -21,9 +21,11 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   complete headers,
   and ``body_timeout`` from there to its complete body, and aborts the
   connection past either (Go's ReadHeaderTimeout and ReadTimeout); with
-  ``max_header_bytes``, it aborts a connection whose request sends more than
-  that before its headers are complete, before aiohttp buffers any of it (Go's
-  MaxHeaderBytes); and it
+  ``max_header_bytes``, it aborts a connection whose request's headers run
+  past that before their blank line, before aiohttp buffers any of it (Go's
+  MaxHeaderBytes; bytes a client pipelines behind a request in the same read
+  are counted from the next read on, so a connection holds at most one read
+  more); and it
   aborts a connection whose answer waits ``write_timeout`` for the client to
   read it (its write buffer full: aiohttp waits for it to drain for ever). aiohttp
   3.14 has no such deadline: its keep-alive timer runs only while no request
@@ -79,8 +81,8 @@ class PortLimits:
     max_connections: int = 64
     per_peer: int = 8
     max_header_bytes: int = 16 * 1024
-    """Bytes a request may send before its headers are complete (a body sent
-    with them counts too: these ports take none). aiohttp alone
+    """A request's header bytes, up to the blank line that ends them (a body is
+    held to body_timeout and aiohttp's read buffer instead). aiohttp alone
     takes 128 header fields of 8 KiB: 64 connections (eight pods, eight each)
     sending that much, never the last CRLF, held ~2 MiB apiece, +126 MiB
     (measured), past the agent's 192Mi over the ~94 MiB it holds at rest. The
@@ -98,6 +100,8 @@ TLS_READ_BUFFER = 16 * 1024
 record carries at most 16 KiB, so a bigger buffer only saves read calls."""
 TLS_SHUTDOWN_TIMEOUT = 2.0
 """How long a closing connection waits for the peer's close_notify (asyncio: 30 s)."""
+HEADER_END = b"\r\n\r\n"
+"""The blank line that ends a request's headers (llhttp, as aiohttp runs it, wants CRLFs)."""
 
 
 class _SmallBufferTLS(sslproto.SSLProtocol):
@@ -388,7 +392,11 @@ class _Guard(asyncio.Protocol):
         self.since = 0.0
         """When it was admitted (monotonic): the oldest are displaced first."""
         self._header_bytes = 0
-        """Bytes received since the last request's headers were complete."""
+        """Header bytes of the request being read (:meth:`_counting`)."""
+        self._header_done = False
+        """Whether its blank line has come: what follows is its body."""
+        self._tail = b""
+        """The last bytes read before the blank line, which may span two reads."""
         self._plain = site._ssl_context is None
         """Straight on the socket: this protocol admits the client and gives its
         slot back (over TLS, the TLS layer does, handshake failures included)."""
@@ -426,16 +434,34 @@ class _Guard(asyncio.Protocol):
                 self._arm(self._site._limits.header_timeout)  # a new request's first byte
         elif self._request.content.is_eof():
             self._next = True  # the next request's, while this one is answered
-        # Bytes of a body count against body_timeout and aiohttp's read buffer.
         limit = self._site._max_header_bytes
-        if limit is not None and (self._request is None or self._next):
-            self._header_bytes += len(data)
-            if self._header_bytes > limit:
-                self._site._metrics.closed.labels("header-too-large").inc()
-                log.info("closing %s: headers too large", self._peer())
-                self._transport.abort()
-                return  # never handed to aiohttp, which would hold it
+        if limit is not None and self._counting(data) > limit:
+            self._site._metrics.closed.labels("header-too-large").inc()
+            log.info("closing %s: headers too large", self._peer())
+            self._transport.abort()
+            return  # never handed to aiohttp, which would hold it
         self._handler.data_received(data)
+
+    def _counting(self, data: bytes) -> int:
+        """The header bytes of the request being read, ``data`` included: from its
+        first byte to the blank line ending its headers. Its body, in the same read
+        or after, counts against body_timeout and the app's own limit instead; a
+        request begun while the one before is answered counts from its first byte.
+        """
+        if self._request is not None and not self._next:
+            return 0  # the body of the request being answered
+        if self._header_done:
+            return self._header_bytes  # the body, before aiohttp hands the request over
+        seen = self._tail + data
+        end = seen.find(HEADER_END)
+        if end < 0:
+            self._header_bytes += len(data)
+            self._tail = seen[-(len(HEADER_END) - 1) :]
+            return self._header_bytes
+        self._header_bytes += end + len(HEADER_END) - len(self._tail)
+        self._header_done = True
+        self._tail = b""
+        return self._header_bytes
 
     def eof_received(self) -> None:
         if self._transport is not None:
@@ -477,7 +503,7 @@ class _Guard(asyncio.Protocol):
 
     def reading_body(self, request: web.BaseRequest) -> None:
         self._request = request
-        self._header_bytes = 0
+        self._header_bytes, self._header_done, self._tail = 0, False, b""
         self._arm(self._site._limits.body_timeout)
 
     def answered(self) -> None:

@@ -231,6 +231,33 @@ async def test_a_request_sending_more_header_than_probes_do_is_cut_off_at_once(
     assert limits.max_connections * limits.max_header_bytes <= 2 * 2**20
 
 
+async def test_a_body_counts_against_its_own_deadline_not_the_header_bytes(
+    serve: PortFactory,
+) -> None:
+    port = await serve(PortLimits(**{**FAST.__dict__, "header_timeout": 5.0}))
+    body = b"b" * (3 * FAST.max_header_bytes)
+    # In the same write as its headers, as kube-apiserver sends an AdmissionReview ...
+    reader, writer = await port.connect()
+    head = b"GET /healthz HTTP/1.1\r\nHost: agent\r\nContent-Length: %d\r\n" % len(body)
+    writer.write(head + b"\r\n" + body)
+    assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+    # ... or with the blank line that ends the headers split over two reads.
+    reader, writer = await port.connect()
+    writer.write(head + b"\r")
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.write(b"\n" + body)
+    assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+    assert port.closed("header-too-large") == 0
+
+    # Headers alone past the limit, the blank line split the same way, still count.
+    reader, writer = await port.connect()
+    writer.write(b"GET /healthz HTTP/1.1\r\nX-Fat: " + b"a" * FAST.max_header_bytes + b"\r")
+    await writer.drain()
+    assert await closed_by_server(reader, within=1.0)
+    assert port.closed("header-too-large") == 1
+
+
 SHARE = PortLimits(
     **{**FAST.__dict__, "per_peer": 2, "header_timeout": 10.0, "keepalive_timeout": 10.0}
 )

@@ -55,6 +55,7 @@ class Webhook:
     url: str
     ca_file: Path
     site: LimitedSite
+    metrics: WebhookMetrics
 
     async def connect(self) -> Connection:
         return await Connection.open(self.url, client_context(self.ca_file))
@@ -90,10 +91,11 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServerFactory]:
             0,
             ssl_context=tls.context,
             limits=limits,
+            max_header_bytes=limits.max_header_bytes,
             registry=metrics.registry,
         )
         await site.start()
-        return Webhook(f"https://127.0.0.1:{site.port}", tmp_path / "ca.crt", site)
+        return Webhook(f"https://127.0.0.1:{site.port}", tmp_path / "ca.crt", site, metrics)
 
     yield start
     for runner in runners:
@@ -131,6 +133,33 @@ async def test_an_idle_connection_is_closed_after_the_keepalive(serve: ServerFac
     assert waited >= FAST.keepalive_timeout * 0.8
     await connection.close()
     await until(lambda: webhook.site.open_connections == 0)
+
+
+async def test_headers_past_the_limit_are_cut_off_at_once(serve: ServerFactory) -> None:
+    # aiohttp alone takes 128 header fields of 8 KiB and holds them: 200 connections
+    # sending that much took the webhook from 36 to 446 MiB, past its 256Mi limit.
+    webhook = await serve(Limits(**{**PATIENT.__dict__, "header_timeout": 10.0}))
+    connection = await webhook.connect()
+    fat = b"X-Fat: " + b"a" * 8000 + b"\r\n"
+    count = Limits().max_header_bytes // len(fat) + 1
+    connection.writer.write(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\n" + fat * count)
+    # At once, not at the 10 s header deadline.
+    await closed_after(connection, 2.0)
+    closed = webhook.metrics.registry.get_sample_value(
+        "headroom_webhook_connections_closed_total", {"reason": "header-too-large"}
+    )
+    assert closed == 1
+    await connection.close()
+    await until(lambda: webhook.site.open_connections == 0)
+
+    # A review far past the limit, sent in one write with its headers, is a body:
+    # answered.
+    connection = await webhook.connect()
+    status, answer = await connection.mutate(large_review())
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    await connection.close()
+    assert closed == 1
 
 
 async def test_a_header_sent_a_byte_at_a_time_is_cut_off(serve: ServerFactory) -> None:
