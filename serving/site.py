@@ -192,7 +192,7 @@ class LimitedSite(web.BaseSite):
     @property
     def name(self) -> str:
         scheme = "https" if self._ssl_context is not None else "http"
-        return f"{scheme}://{self._host}:{self._port}"
+        return f"{scheme}://{self._host}:{self.port}"
 
     @property
     def open_connections(self) -> int:

@@ -172,6 +172,8 @@ async def test_every_close_reason_is_exported_from_the_start(serve: PortFactory)
     assert {reason: port.closed(reason) for reason in CLOSE_REASONS} == dict.fromkeys(
         CLOSE_REASONS, 0.0
     )
+    # The logs name the port bound, not the 0 asked for.
+    assert port.site.name == f"http://127.0.0.1:{port.site.port}" != "http://127.0.0.1:0"
     gauge = port.registry.get_sample_value("headroom_test_open_connections")
     assert gauge == 0.0
     # Plain HTTP: no TLS handshake is ever counted, and the help says none.
