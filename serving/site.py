@@ -20,7 +20,9 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   it, for one begun while that was worked out, as Go's server does) to its
   complete headers,
   and ``body_timeout`` from there to its complete body, and aborts the
-  connection past either (Go's ReadHeaderTimeout and ReadTimeout); with
+  connection past either (Go's ReadHeaderTimeout and ReadTimeout; the rest of
+  a body its answer did not wait for, which aiohttp reads and drops, counts
+  against the body deadline too); with
   ``max_header_bytes``, it aborts a connection whose request's headers run
   past that before their blank line, before aiohttp buffers any of it (Go's
   MaxHeaderBytes; bytes a client pipelines behind a request in the same read
@@ -46,7 +48,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -397,6 +399,10 @@ class _Guard(asyncio.Protocol):
         """Whether its blank line has come: what follows is its body."""
         self._tail = b""
         """The last bytes read before the blank line, which may span two reads."""
+        self._unread: StreamReader | None = None
+        """The body of a request answered before it was read in full (a busy or a
+        too-large answer): aiohttp reads the rest and drops it, within the body
+        deadline; none of it is the next request's headers."""
         self._plain = site._ssl_context is None
         """Straight on the socket: this protocol admits the client and gives its
         slot back (over TLS, the TLS layer does, handshake failures included)."""
@@ -429,7 +435,12 @@ class _Guard(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._transport is None:
             return  # refused: aborting
-        if self._request is None:
+        if self._unread is not None and self._unread.is_eof():
+            self._unread = None
+            self._disarm()  # the body deadline: the rest of the body is in
+        if self._unread is not None:
+            pass  # the rest of an answered request's body
+        elif self._request is None:
             if self._timer is None:
                 self._arm(self._site._limits.header_timeout)  # a new request's first byte
         elif self._request.content.is_eof():
@@ -448,8 +459,8 @@ class _Guard(asyncio.Protocol):
         or after, counts against body_timeout and the app's own limit instead; a
         request begun while the one before is answered counts from its first byte.
         """
-        if self._request is not None and not self._next:
-            return 0  # the body of the request being answered
+        if self._unread is not None or (self._request is not None and not self._next):
+            return 0  # the body of the request being answered, or answered
         if self._header_done:
             return self._header_bytes  # the body, before aiohttp hands the request over
         seen = self._tail + data
@@ -502,12 +513,17 @@ class _Guard(asyncio.Protocol):
             self._transport.abort()
 
     def reading_body(self, request: web.BaseRequest) -> None:
-        self._request = request
+        self._request, self._unread = request, None
         self._header_bytes, self._header_done, self._tail = 0, False, b""
         self._arm(self._site._limits.body_timeout)
 
     def answered(self) -> None:
-        self._request = None
+        request, self._request = self._request, None
+        if request is not None and not request.content.is_eof():
+            # Answered before its body was read in full: aiohttp reads the rest and
+            # drops it (its lingering close), still against the body deadline.
+            self._unread = request.content
+            return
         self._disarm()
         if self._next:
             # The next request began while this one was answered: aiohttp reads it
@@ -531,12 +547,15 @@ class _Guard(asyncio.Protocol):
         request = self._request
         if request is not None and request.content.is_eof():
             return  # the body is in; answering takes as long as it takes
-        reason = "header-timeout" if request is None else "body-timeout"
+        if self._unread is not None and self._unread.is_eof():
+            self._unread = None
+            return  # the rest of an answered request's body is in
+        reason = "header-timeout" if request is None and self._unread is None else "body-timeout"
         self._site._metrics.closed.labels(reason).inc()
         log.info(
             "closing %s: %s",
             self._peer(),
-            "headers too slow" if request is None else "body too slow",
+            "headers too slow" if reason == "header-timeout" else "body too slow",
         )
         if self._transport is not None:
             self._transport.abort()

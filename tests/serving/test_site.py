@@ -332,3 +332,35 @@ async def test_a_client_holding_as_many_as_the_others_displaces_none(serve: Port
     assert await closed_by_server(reader, within=1.0)
     assert port.closed("displaced") == 0
     assert port.closed("peer-cap") == 1
+
+
+async def test_the_rest_of_a_body_read_after_its_answer_is_no_header(serve: PortFactory) -> None:
+    # An answer given before the body was read (as the webhook's busy and too-large
+    # answers are): aiohttp reads the rest and drops it. It was counted as the next
+    # request's headers -- past max_header_bytes the connection was aborted -- and its
+    # first byte started a header deadline that then closed the idle connection.
+    port = await serve(FAST)
+    reader, writer = await port.connect()
+    body = b"b" * (2 * FAST.max_header_bytes)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nContent-Length: %d\r\n\r\n" % len(body))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+    while await asyncio.wait_for(reader.readline(), 2) != b"\r\n":
+        pass
+    await asyncio.wait_for(reader.readexactly(2), 2)
+    writer.write(body)
+    await writer.drain()
+    await asyncio.sleep(FAST.header_timeout + 0.3)  # kept alive, idle
+    assert await get(reader, writer) == b"HTTP/1.1 200 OK\r\n"
+    assert port.closed("header-too-large") == port.closed("header-timeout") == 0
+
+    # A rest that never comes is still held to the body deadline.
+    reader, writer = await port.connect()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nContent-Length: 10\r\n\r\n")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.readline(), 2) == b"HTTP/1.1 200 OK\r\n"
+    while await asyncio.wait_for(reader.readline(), 2) != b"\r\n":
+        pass
+    await asyncio.wait_for(reader.readexactly(2), 2)
+    assert await closed_by_server(reader, within=FAST.body_timeout + 1.0)
+    assert port.closed("body-timeout") == 1
