@@ -25,8 +25,9 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   against the body deadline too); with
   ``max_header_bytes``, it aborts a connection whose request's headers run
   past that before their blank line, before aiohttp buffers any of it (Go's
-  MaxHeaderBytes; bytes a client pipelines behind a request in the same read
-  are counted from the next read on, so a connection holds at most one read
+  MaxHeaderBytes; bytes a client pipelines behind a request's blank line, in
+  that read or the one before its handler starts, are counted from the next
+  read on, and a read is 16 KiB at most, so a connection holds at most 32 KiB
   more); and it
   aborts a connection whose answer waits ``write_timeout`` for the client to
   read it (its write buffer full: aiohttp waits for it to drain for ever). aiohttp
@@ -100,6 +101,10 @@ class PortLimits:
 TLS_READ_BUFFER = 16 * 1024
 """asyncio's SSLProtocol reads into a 256 KiB buffer per connection; a TLS
 record carries at most 16 KiB, so a bigger buffer only saves read calls."""
+READ_SIZE = 16 * 1024
+"""The most :class:`_Guard` reads at once, over TLS or not (asyncio's socket reads
+take 256 KiB): bytes pipelined behind a request's headers are counted from the next
+read on, so this bounds what a connection gets past ``max_header_bytes``."""
 TLS_SHUTDOWN_TIMEOUT = 2.0
 """How long a closing connection waits for the peer's close_notify (asyncio: 30 s)."""
 HEADER_END = b"\r\n\r\n"
@@ -162,6 +167,7 @@ class LimitedSite(web.BaseSite):
         "_peers",
         "_per_peer",
         "_port",
+        "_read_buffer",
         "_warned",
     )
 
@@ -190,6 +196,8 @@ class LimitedSite(web.BaseSite):
         self._peers: dict[str, int] = {}
         self._guards: dict[RequestHandler, _Guard] = {}
         self._warned = 0.0
+        self._read_buffer = memoryview(bytearray(READ_SIZE))
+        """Every connection's reads land here and are copied out at once."""
 
     @property
     def name(self) -> str:
@@ -375,7 +383,7 @@ class _CountedTLS(_SmallBufferTLS):
             super().connection_lost(exc)
 
 
-class _Guard(asyncio.Protocol):
+class _Guard(asyncio.BufferedProtocol):
     """Between the TLS layer (or the socket) and aiohttp's handler: the read
     deadlines of one connection."""
 
@@ -473,6 +481,12 @@ class _Guard(asyncio.Protocol):
         self._header_done = True
         self._tail = b""
         return self._header_bytes
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._site._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._site._read_buffer[:nbytes]))
 
     def eof_received(self) -> None:
         if self._transport is not None:
