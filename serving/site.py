@@ -259,7 +259,7 @@ class LimitedSite(web.BaseSite):
         now = time.monotonic()
         if now - self._warned > 10:
             self._warned = now
-            log.warning("%s on %s: closing new ones (%s)", why, self.name, reason)
+            log.warning("%s on %s: closing connections (%s)", why, self.name, reason)
 
     def _opened(self) -> None:
         self._open += 1
@@ -298,8 +298,9 @@ class LimitedSite(web.BaseSite):
         if not candidates:
             return False
         victim = max(candidates, key=lambda g: (self._peers.get(g.address, 0), -g.since))
-        self._metrics.closed.labels("displaced").inc()
-        log.info("closing %s: displaced by a client holding fewer", victim._peer())
+        # Counted, and logged once in 10 s as refusals are: a flood from more
+        # addresses than slots displaces thousands a second.
+        self._refused("displaced", f"{victim._peer()} displaced by a client holding fewer")
         victim.abort()
         return True
 
