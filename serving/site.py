@@ -10,8 +10,10 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   aborted too, and a full site makes room for a client holding fewer than
   another by aborting that other's oldest connection not being answered (its
   request half-sent, or idle between requests), as nginx drops idle keep-alive
-  connections when it runs short: so pods holding every slot, each within its
-  share, still cannot shut out the kubelet's probe or Prometheus;
+  connections when it runs short: so fewer pods than there are slots, holding
+  every slot, each within its share, cannot shut out the kubelet's probe or
+  Prometheus (more pods than slots, each holding one, can: every connection,
+  the probe's too, is then someone's to displace);
 - over TLS, it runs the TLS layer itself (asyncio's SSLProtocol) with a 16 KiB read
   buffer instead of 256 KiB, a handshake deadline, and a 2 s wait for the
   peer's close_notify instead of 30 s;
