@@ -24,9 +24,9 @@ port and the extender's metrics port, on the pod network: :class:`PortLimits`):
   and ``body_timeout`` from there to its complete body, and aborts the
   connection past either (Go's ReadHeaderTimeout and ReadTimeout; the rest of
   a body its answer did not wait for, which aiohttp reads and drops, counts
-  against the body deadline too); with
-  ``max_header_bytes``, it aborts a connection whose request's headers run
-  past that before their blank line, before aiohttp buffers any of it (Go's
+  against the body deadline too); it aborts a connection whose request's
+  headers run past ``max_header_bytes`` before their blank line, before
+  aiohttp buffers any of it (Go's
   MaxHeaderBytes; bytes a client pipelines behind a request's blank line, in
   that read or the one before its handler starts, are counted from the next
   read on, and a read is 16 KiB at most, so a connection holds at most 32 KiB
@@ -63,6 +63,8 @@ class Limits(Protocol):
 
     @property
     def max_connections(self) -> int: ...
+    @property
+    def max_header_bytes(self) -> int: ...
     @property
     def header_timeout(self) -> float: ...
     @property
@@ -163,7 +165,6 @@ class LimitedSite(web.BaseSite):
         "_guards",
         "_host",
         "_limits",
-        "_max_header_bytes",
         "_metrics",
         "_open",
         "_peers",
@@ -182,7 +183,6 @@ class LimitedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None,
         limits: Limits,
         per_peer: int | None = None,
-        max_header_bytes: int | None = None,
         component: str = "webhook",
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -191,7 +191,6 @@ class LimitedSite(web.BaseSite):
         self._port = port
         self._limits = limits
         self._per_peer = per_peer
-        self._max_header_bytes = max_header_bytes
         self._component = component
         self._metrics = ConnectionMetrics(component, registry, tls=ssl_context is not None)
         self._open = 0
@@ -456,8 +455,7 @@ class _Guard(asyncio.BufferedProtocol):
                 self._arm(self._site._limits.header_timeout)  # a new request's first byte
         elif self._request.content.is_eof():
             self._next = True  # the next request's, while this one is answered
-        limit = self._site._max_header_bytes
-        if limit is not None and self._counting(data) > limit:
+        if self._counting(data) > self._site._limits.max_header_bytes:
             self._site._metrics.closed.labels("header-too-large").inc()
             log.info("closing %s: headers too large", self._peer())
             self._transport.abort()
@@ -604,7 +602,6 @@ async def serve_plain(
         ssl_context=None,
         limits=limits,
         per_peer=limits.per_peer,
-        max_header_bytes=limits.max_header_bytes,
         component=component,
         registry=registry,
     )

@@ -154,7 +154,6 @@ async def _serve(
         settings.port,
         ssl_context=tls.context,
         limits=settings.limits,
-        max_header_bytes=settings.limits.max_header_bytes,
         registry=metrics.registry,
     )
     try:

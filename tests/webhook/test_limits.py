@@ -91,7 +91,6 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServerFactory]:
             0,
             ssl_context=tls.context,
             limits=limits,
-            max_header_bytes=limits.max_header_bytes,
             registry=metrics.registry,
         )
         await site.start()
