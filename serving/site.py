@@ -456,9 +456,7 @@ class _Guard(asyncio.BufferedProtocol):
         elif self._request.content.is_eof():
             self._next = True  # the next request's, while this one is answered
         if self._counting(data) > self._site._limits.max_header_bytes:
-            self._site._metrics.closed.labels("header-too-large").inc()
-            log.info("closing %s: headers too large", self._peer())
-            self._transport.abort()
+            self._close("header-too-large", "headers too large")
             return  # never handed to aiohttp, which would hold it
         self._handler.data_received(data)
 
@@ -522,10 +520,7 @@ class _Guard(asyncio.BufferedProtocol):
 
     def _write_deadline(self) -> None:
         self._write_timer = None
-        self._site._metrics.closed.labels("write-timeout").inc()
-        log.info("closing %s: answers not read", self._peer())
-        if self._transport is not None:
-            self._transport.abort()
+        self._close("write-timeout", "answers not read")
 
     def reading_body(self, request: web.BaseRequest) -> None:
         self._request, self._unread = request, None
@@ -565,15 +560,16 @@ class _Guard(asyncio.BufferedProtocol):
         if self._unread is not None and self._unread.is_eof():
             self._unread = None
             return  # the rest of an answered request's body is in
-        reason = "header-timeout" if request is None and self._unread is None else "body-timeout"
+        if request is None and self._unread is None:
+            self._close("header-timeout", "headers too slow")
+        else:
+            self._close("body-timeout", "body too slow")
+
+    def _close(self, reason: str, why: str) -> None:
+        """Abort the connection, counted under ``reason``."""
         self._site._metrics.closed.labels(reason).inc()
-        log.info(
-            "closing %s: %s",
-            self._peer(),
-            "headers too slow" if reason == "header-timeout" else "body too slow",
-        )
-        if self._transport is not None:
-            self._transport.abort()
+        log.info("closing %s: %s", self._peer(), why)
+        self.abort()
 
     def _peer(self) -> object:
         return self._transport.get_extra_info("peername") if self._transport else "connection"
