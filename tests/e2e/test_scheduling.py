@@ -61,12 +61,7 @@ def test_a_burst_of_100_pods_never_over_commits_a_gpu(
     _assert_no_gpu_over_declared(cluster)
     # Settled is not final: a bind refused or timed out under load leaves its pod
     # unbound with an event until its retry.
-    eventually(
-        f"{CAPACITY_AT_10GI} pods Running",
-        lambda: len(running(pods(cluster, ns))) == CAPACITY_AT_10GI,
-        timeout=90,
-        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
-    )
+    _until_running(cluster, ns, CAPACITY_AT_10GI, f"{CAPACITY_AT_10GI} pods Running", timeout=90)
     items = pods(cluster, ns)
     _assert_no_gpu_over_declared(cluster)
     assert len(running(items)) == CAPACITY_AT_10GI
@@ -126,13 +121,27 @@ def test_extender_restarted_mid_burst_loses_and_double_books_nothing(
     # Every pod a refusal parked, by this extender or the one before the restart, is
     # retried once the new one has synced (it stamps a node: extender/requeue.py), so
     # the rest fill well before kube-scheduler's 5-minute unschedulable flush would.
-    eventually(
+    _until_running(
+        cluster,
+        ns,
+        CAPACITY_AT_10GI,
         f"{CAPACITY_AT_10GI} pods Running after the restart",
-        lambda: len(running(pods(cluster, ns))) == CAPACITY_AT_10GI,
         timeout=90,
-        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
     )
     assert len(pods(cluster, ns)) == 40
+
+
+def _until_running(
+    cluster: Cluster, ns: str, count: int, description: str, *, timeout: float
+) -> None:
+    """Until ``count`` of the namespace's pods run: settle() also holds while a bind
+    refused or timed out waits for its retry."""
+    eventually(
+        description,
+        lambda: len(running(pods(cluster, ns))) == count,
+        timeout=timeout,
+        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
+    )
 
 
 def _make_stale(report: dict[str, Any], *, total_bytes: int) -> dict[str, Any]:
@@ -199,12 +208,7 @@ def test_stale_report_makes_placement_conservative(
 
     # The stale report's 80Gi is not believed: the label's 40960Mi holds 3 pods,
     # not the 4 the device plugin's replicas (or the report) would allow.
-    eventually(
-        "3 pods Running",
-        lambda: len(running(pods(cluster, ns))) == 3,
-        timeout=60,
-        explain=lambda: placement(cluster, ns) + "\n" + extender_state(cluster),
-    )
+    _until_running(cluster, ns, 3, "3 pods Running", timeout=60)
     items = pods(cluster, ns)
     assert len(running(items)) == 3
     assert {p["spec"]["nodeName"] for p in running(items)} == {node}
