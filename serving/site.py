@@ -73,6 +73,10 @@ class Limits(Protocol):
     def handshake_timeout(self) -> float: ...
     @property
     def write_timeout(self) -> float: ...
+    @property
+    def over_cap_remedy(self) -> str:
+        """What an operator does about connections refused over the cap: the log says it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class PortLimits:
     handshake_timeout: float = 5.0
     """Unused: the port is plain HTTP."""
     write_timeout: float = 5.0
+    over_cap_remedy: str = (
+        "a pod flooding the port? the networkpolicy component keeps other pods off it"
+    )
+    """The ports' caps are fixed; what fills them is other pods, not load."""
 
 
 TLS_READ_BUFFER = 16 * 1024
@@ -260,7 +268,8 @@ class LimitedSite(web.BaseSite):
         now = time.monotonic()
         if now - self._warned > 10:
             self._warned = now
-            log.warning("%s on %s: closing connections (%s)", why, self.name, reason)
+            remedy = f"; {self._limits.over_cap_remedy}" if reason == "over-cap" else ""
+            log.warning("%s on %s: closing connections (%s%s)", why, self.name, reason, remedy)
 
     def _opened(self) -> None:
         self._open += 1

@@ -52,6 +52,7 @@ class Limits:
     timer runs meanwhile: a client that pipelines requests and reads none of the
     answers held ~1.25 MiB for ever. kube-apiserver reads an answer at once, or
     has given up on it after timeoutSeconds (5)."""
+    over_cap_remedy: str = "raise --max-connections if apiservers need more"
 
 
 MAX_LARGE_IN_FLIGHT = 2

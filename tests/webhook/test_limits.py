@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import socket
 import ssl
 import sys
@@ -284,14 +285,16 @@ async def test_a_slow_body_is_cut_off(serve: ServerFactory) -> None:
 
 
 async def test_connections_beyond_the_cap_are_closed_and_the_open_ones_keep_working(
-    serve: ServerFactory,
+    serve: ServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     limits = Limits(**{**FAST.__dict__, "header_timeout": 10.0, "keepalive_timeout": 10.0})
     webhook = await serve(limits)
     open_ones = [await webhook.connect() for _ in range(limits.max_connections)]
 
-    with pytest.raises((ConnectionError, ssl.SSLError)):
+    with pytest.raises((ConnectionError, ssl.SSLError)), caplog.at_level(logging.WARNING):
         await webhook.connect()
+    # The log says which flag raises the cap: the operator's next step.
+    assert "--max-connections" in caplog.text
 
     for connection in open_ones:
         assert (await admit(connection))["allowed"] is True
