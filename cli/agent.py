@@ -104,7 +104,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--host",
         default="0.0.0.0",
-        help="address for that port (default 0.0.0.0; 127.0.0.1 outside a Pod)",
+        help="address for that port (default 0.0.0.0, also outside a Pod: give 127.0.0.1 there)",
     )
     parser.set_defaults(run=run)
 
