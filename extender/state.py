@@ -784,9 +784,9 @@ class ClusterState:
         watch has not delivered. Nothing says kubelet has stopped it, so for its grace
         period (as for a forced deletion, :meth:`on_pod`) it stays charged where it was
         bound, or held (a binding POST of it may have landed there, or a read found it
-        there: :meth:`_linger_on`), and its replicas count as held: ending its holds
-        with no departure would let the bound on unlocated pods (headroom.spread)
-        count one replica fewer on the GPU kubelet still holds."""
+        there: :meth:`_linger_on`), and its replicas count as departing then: ending its
+        holds with no departure would let the bound on unlocated pods (headroom.spread)
+        count one replica fewer on the GPU kubelet may still count it on."""
         linger = self._linger(uid) if linger is None else linger
         cached = self.pods.get(uid)
         if cached is not None and cached.node:
@@ -807,11 +807,20 @@ class ClusterState:
         last object shows no node never ran. :meth:`refresh` lets it go, counting on
         :attr:`hold_clock` (a wall-clock step must not end it early), and so does
         kubelet's word that its containers stopped.
+
+        Not as one of the replicas the device plugin counts: kubelet drops the pod from
+        its active pods at once, and its device manager frees the pod's replicas before
+        the next allocation (kubernetes#104824), so newcomers may be given its GPU as if
+        it were empty. It is charged in full on the GPU the report placed it on, or on
+        every GPU where none did (:attr:`PodClaim.deleted`, headroom.accounting); its
+        departure, recorded as it leaves the cache, covers the allocator counting it a
+        while longer.
         """
         until = self.hold_clock() + linger
+        there = replace(claim, node=node, terminated=False)
         self.lingering.setdefault(node, {})[claim.uid] = (
             until,
-            replace(claim, node=node, terminated=False),
+            replace(there, deleted=True, home=self._departure_gpu(there)),
         )
         heapq.heappush(self._linger_heap, (until, node, claim.uid))
         self._touch(node)

@@ -24,6 +24,10 @@ backs a shared replica, and Headroom cannot steer it. So the rule is:
   them (the report shows a pod's end later) or they may leave before kubelet
   admits the next pod: so ``g`` is charged the worst over ``j`` of them gone,
   their ``j`` smallest charges off and the larger ``x_g`` their absence allows on;
+* a pod deleted (or ended) before kubelet reported it stopped runs on for its
+  grace period, but kubelet's device manager no longer counts its replicas: it
+  is charged in full on the GPU a report last placed it on, else on every GPU,
+  and is no replica of that bound (:attr:`PodClaim.deleted`);
 * a new pod fits only if its declared memory fits the **tightest** GPU
   (:attr:`NodeAccount.tightest`), whichever GPU it gets.
 
@@ -46,7 +50,7 @@ MIG pods are counted against slices, not GPU memory: a profile's free slices
 are its node capacity minus the slices bound and assumed pods ask for.
 """
 
-from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -372,7 +376,7 @@ def _measured(
     home = {
         uid: index
         for uid, index in homes(report).items()
-        if uid in known and known[uid].shared == 1 and index in sharing
+        if uid in known and known[uid].shared == 1 and index in sharing and not known[uid].deleted
     }
     located = set(home)
 
@@ -383,7 +387,7 @@ def _measured(
     located_on: dict[int, list[str]] = {}
     for uid, index in home.items():
         located_on.setdefault(index, []).append(uid)
-    unlocated = [c for c in claims if c.shared and c.uid not in located]
+    unlocated = [c for c in claims if c.shared and c.uid not in located and not c.deleted]
     limits = _spread(
         unlocated, shared_indices, located_on, history, now, node.confirmed, groups,
         node.replicas_per_gpu,
@@ -394,7 +398,10 @@ def _measured(
     leavers: dict[int, list[int]] = {}
     for claim in claims:
         where = seen.get(claim.uid, {})
-        if claim.uid in located:
+        if claim.deleted and claim.shared:
+            for index, line in _deleted_charges(claim, node, shared_indices, where, total):
+                charges.setdefault(index, []).append(line)
+        elif claim.uid in located:
             for index, used in where.items():
                 if index == home[claim.uid]:
                     charge = max(_need(claim, node, total(index)), used)
@@ -444,6 +451,41 @@ def _measured(
         )
         for index in sorted(charges)
     ]
+
+
+def _deleted_charges(
+    claim: PodClaim,
+    node: NodeGPUs,
+    shared_indices: Iterable[int],
+    held: Mapping[int, int],
+    total: Callable[[int], int],
+    most: int = 0,
+) -> list[tuple[int, PodCharge]]:
+    """A shared pod deleted before kubelet reported it stopped (:attr:`PodClaim.deleted`),
+    per GPU: in full -- its declaration, or more where a report saw it hold more (``held``
+    per GPU, ``most`` anywhere) -- on the GPU a report last placed it on, else on every
+    shared GPU, as a pod of several replicas is; what it holds on another GPU, as held.
+
+    Its containers may run out its grace period, free to use all it declared, while
+    kubelet's device manager no longer counts its replicas (kubelet's active pods leave
+    out force-deleted ones, kubernetes#104824): the device plugin may give its GPU to
+    newcomers as if it were empty. So it is no replica of the bound on where the
+    allocator put the other pods (its departure is one, recorded as it left), and is
+    charged where it may run, not where that bound says it can be."""
+    indices = set(shared_indices)
+    if claim.home is not None and claim.shared == 1 and claim.home in indices:
+        full = {claim.home}
+    else:
+        full = indices
+    lines = []
+    for index in sorted(full | held.keys()):
+        used = held.get(index, 0)
+        if index in full:
+            charge = max(_need(claim, node, total(index)), most, used)
+            lines.append((index, _charge(claim, used or None, charge, index == claim.home)))
+        elif used:
+            lines.append((index, _charge(claim, used, used, True)))
+    return lines
 
 
 def _holders(gpu: GPUUsage) -> list[PodUsage]:
@@ -630,7 +672,8 @@ def _declared_only(
                     on_gpu = strangers.setdefault(gpu.index, {})
                     held = max(on_gpu.get(usage.uid, (key, 0))[1], usage.used_bytes)
                     on_gpu[usage.uid] = (key, held)
-    shared = [c for c in claims if c.shared]
+    shared = [c for c in claims if c.shared and not c.deleted]
+    deleted = [c for c in claims if c.shared and c.deleted]
     limits = _spread(
         shared, list(range(node.count)), {}, history, now, node.confirmed, groups,
         node.replicas_per_gpu, foreign_replicas(evidence, known) if node.count > 1 else None,
@@ -644,10 +687,21 @@ def _declared_only(
         for c in shared
     ]
     replicas = {c.uid: c.shared for c in shared}
-    for index in range(node.count):
+
+    def gpu_total(index: int) -> int:
         total = node.memory_bytes
         if index in report_totals:
             total = min(total, report_totals[index]) if total else report_totals[index]
+        return total
+
+    stray: dict[int, list[PodCharge]] = {}
+    for claim in deleted:
+        on_gpus = {i: on[claim.uid] for i, on in seen_on.items() if claim.uid in on}
+        most = most_seen.get(claim.uid, 0)
+        for i, line in _deleted_charges(claim, node, range(node.count), on_gpus, gpu_total, most):
+            stray.setdefault(i, []).append(line)
+    for index in range(node.count):
+        total = gpu_total(index)
         lines = [
             line
             if line is not None
@@ -665,6 +719,7 @@ def _declared_only(
             ]
         pods, growth = _cap(lines, shared, limits, index, replicas=replicas)
         pods += [_charge(c, here[c.uid], here[c.uid], True) for c in shared if c.uid in here]
+        pods += stray.get(index, [])
         # Foreign processes and pods the cache does not hold stay where they were seen.
         pods += [
             PodCharge(uid, key, None, held, held, True, False)

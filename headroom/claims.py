@@ -81,6 +81,18 @@ class PodClaim:
     grace: float = DEFAULT_GRACE_SECONDS
     """``spec.terminationGracePeriodSeconds``: how long kubelet may take to stop the
     pod's containers, holding its device replicas, after it is deleted."""
+    deleted: bool = False
+    """Gone from the API (``kubectl delete --force``, the pod GC, a read that found it
+    gone), or in a terminal phase, before kubelet reported its containers stopped: they
+    may run out the grace period, free to use all it declared, but kubelet no longer
+    counts the pod among its active ones, and its device manager frees the pod's
+    replicas before the next allocation (kubernetes#104824). So the device plugin may
+    give its GPU to newcomers as if it were empty: the pod is charged in full where it
+    may run, outside the bound on where the allocator put the others
+    (headroom.accounting)."""
+    home: int | None = None
+    """For a ``deleted`` pod of one replica: the GPU a report placed it on when it left
+    (None: any GPU of its node)."""
 
     @cached_property
     def key(self) -> str:

@@ -12,6 +12,14 @@ In the ``numa`` world kubelet's Topology Manager is on: a pod's replicas come
 from the lowest NUMA node with room for them (devicemanager filterByAffinity),
 spread over that node's GPUs only; a GPU with no NUMA node is used only when
 no NUMA node has room; the agent reports each GPU's node from its start.
+In the ``force`` world tenants force-delete running pods that trap SIGTERM: kubelet
+drops such a pod from its active pods at once, and its device manager frees the
+pod's replicas before the next allocation (kubernetes#104824), while the containers
+run out their grace period, free to use all they declared; the agent, which no
+longer knows the pod, reports what it holds as unattributed. kubelet reads its pods
+in the apiserver's order, so the pods bound before the deletion are allocated first,
+and the extender's pod watch shows the deletion before its next filter (a watch that
+lags it is a limit the README names).
 
 After every step, on every GPU, the memory the pods kubelet holds there
 declare is no more than the extender charges that GPU, and no more than the GPU
@@ -28,7 +36,7 @@ import pytest
 
 from extender.state import ClusterState
 from headroom.accounting import NodeAccount, account_node
-from headroom.claims import parse_claim
+from headroom.claims import DEFAULT_GRACE_SECONDS, parse_claim
 from headroom.placement import fit
 from headroom.reports import GPUUsage, PodUsage, ReportStatus, report_object
 from tests.extender.conftest import MARGIN, Clock
@@ -76,6 +84,9 @@ class Node:
     carried: dict[int, GPUUsage] = field(default_factory=dict)
     numa: list[int | None] | None = None
     """Each GPU's NUMA node with the Topology Manager on; None: it is off."""
+    running_on: dict[str, tuple[float, Pod]] = field(default_factory=dict)
+    """Pods force-deleted while they run, and when kubelet kills them at the latest (their
+    grace period on): on their GPUs, in no count of the allocator's."""
 
     def allocated(self, gpu: int) -> int:
         return sum(p.gpus.count(gpu) for p in self.pods.values() if not p.ended)
@@ -103,7 +114,8 @@ class Node:
         pod.gpus = chosen
 
     def declared_on(self, gpu: int) -> int:
-        return sum(p.declared for p in self.pods.values() if not p.ended and gpu in p.gpus)
+        pods = [*self.pods.values(), *(pod for _, pod in self.running_on.values())]
+        return sum(p.declared for p in pods if not p.ended and gpu in p.gpus)
 
     def report(self, now: float, rng: random.Random) -> Object:
         gpus = []
@@ -114,7 +126,8 @@ class Node:
                 for p in self.pods.values()
                 if g in p.gpus
             ]
-            used = sum(u.used_bytes for u in pods)
+            stray = sum(p.used for _, p in self.running_on.values() if g in p.gpus)
+            used = sum(u.used_bytes for u in pods) + stray
             gpu = GPUUsage(
                 index=g,
                 uuid=f"GPU-{self.name}-{g}",
@@ -123,6 +136,7 @@ class Node:
                 free_bytes=total - used,
                 pods=pods,
                 numa_node=None if self.numa is None else self.numa[g],
+                unattributed_bytes=stray,
             )
             last = self.carried.get(g)
             if rng.random() < 0.05:  # NVML cannot read it: the agent carries its last figures
@@ -166,9 +180,10 @@ def fresh(state: ClusterState, name: str) -> NodeAccount:
 
 
 class Storm:
-    def __init__(self, seed: int, lag: bool, numa: bool = False) -> None:
+    def __init__(self, seed: int, lag: bool, numa: bool = False, force: bool = False) -> None:
         self.rng = rng = random.Random(seed)
         self.lag = lag
+        self.force = force
         self.clock = Clock()
         self.state = ClusterState(margin=MARGIN, stale_after=90.0, clock=self.clock)
         self.nodes: dict[str, Node] = {}
@@ -196,12 +211,35 @@ class Storm:
 
     def step(self) -> None:
         rng, state, now = self.rng, self.state, self.clock.now
-        event = rng.choices(
-            ["arrive", "watch", "allocate", "end", "delete", "report", "deliver", "use", "tick"],
-            [30, 8, 25, 8 if self.lag else 0, 10, 10, 8, 6, 6],
-        )[0]
+        events = [
+            *("arrive", "watch", "allocate", "end", "delete"),
+            *("report", "deliver", "use", "tick"),
+        ]
+        weights = [30, 8, 25, 8 if self.lag else 0, 10, 10, 8, 6, 6]
+        if self.force:
+            events, weights = [*events, "force", "stop"], [*weights, 6, 3]
+        event = rng.choices(events, weights)[0]
         pods = self.pods()
-        if event == "arrive":
+        if event == "force" and (running := [p for p in pods if p.gpus and not p.ended]):
+            pod = rng.choice(running)
+            node = self.nodes[pod.node]
+            # kubelet reads its pods in the apiserver's order: those bound before this
+            # deletion are admitted (allocated) before it drops the deleted one.
+            for admitted in [p for p in node.pods.values() if not p.gpus and not p.ended]:
+                node.allocate(admitted, rng)
+                admitted.ended = not admitted.gpus  # refused: it never runs
+            del node.pods[pod.uid]
+            node.running_on[pod.uid] = (now + DEFAULT_GRACE_SECONDS, pod)
+            pod.used = rng.choice([0, pod.declared // 2])  # and free to grow to all of it
+            state.on_pod("DELETED", pod.object())  # its containers still shown running
+            self.log.append(f"{now:.1f} {pod.uid} force-deleted: runs on, its replicas free")
+        elif event == "stop" and (
+            stopping := [(n, uid) for n in self.nodes.values() for uid in n.running_on]
+        ):
+            node, uid = rng.choice(stopping)
+            del node.running_on[uid]
+            self.log.append(f"{now:.1f} {uid} stops at last")
+        elif event == "arrive":
             self.arrive()
         elif event == "watch" and (waiting := [p for p in pods if p.uid in state.assumed]):
             pod = rng.choice(waiting)
@@ -245,6 +283,9 @@ class Storm:
         elif event == "tick":
             self.clock.now += rng.choice([1, 5, 30, 95])
         self.clock.now += 0.5
+        for node in self.nodes.values():  # kubelet kills what runs past its grace period
+            for uid in [u for u, (until, _) in node.running_on.items() if until <= self.clock.now]:
+                del node.running_on[uid]
 
     def arrive(self) -> None:
         rng, state = self.rng, self.state
@@ -298,13 +339,15 @@ class Storm:
 
 
 @pytest.mark.parametrize(
-    ("lag", "numa"),
-    [(False, False), (True, False), (True, True)],
-    ids=["strict", "lag", "lag-numa"],
+    ("lag", "numa", "force"),
+    [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
+    ids=["strict", "lag", "lag-numa", "lag-force"],
 )
-def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(lag: bool, numa: bool) -> None:
+def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(
+    lag: bool, numa: bool, force: bool
+) -> None:
     for seed in range(SEEDS):
-        storm = Storm(seed, lag, numa)
+        storm = Storm(seed, lag, numa, force)
         for _ in range(STEPS):
             storm.step()
             try:

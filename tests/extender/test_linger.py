@@ -3,15 +3,28 @@ early by a wall-clock step, kept where a read found the pod, started once, and e
 kubelet's word that its containers stopped."""
 
 import re
+from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 
 from extender.state import HISTORY_SECONDS, ClusterState
 from tests.extender.conftest import MARGIN, Clock, Harness
-from tests.extender.objects import GIB, gpu_node, gpu_pod, stopped, uid_of
+from tests.extender.objects import (
+    EPOCH,
+    GIB,
+    Object,
+    gpu_node,
+    gpu_pod,
+    gpu_report,
+    stopped,
+    uid_of,
+)
 from tests.extender.test_bind_storm import args, setup
-from tests.extender.test_state import fresh_state, headroom
+from tests.extender.test_state import admit, fresh_state, headroom
+
+MIB = 2**20
 
 
 def test_touching_an_ended_pod_does_not_keep_it_charged_forever() -> None:
@@ -128,3 +141,45 @@ def test_the_admission_policy_bounds_grace_periods_where_the_linger_does() -> No
         if (m := re.search(r"terminationGracePeriodSeconds <= (\d+)", v["expression"]))
     ]
     assert bounds == [int(HISTORY_SECONDS)]
+
+
+def running(name: str, declared: str) -> Object:
+    """A shared pod bound to gpu-a whose containers kubelet shows running (grace 600 s)."""
+    pod = gpu_pod(name, node="gpu-a", declared=declared, phase="Running")
+    pod["spec"]["terminationGracePeriodSeconds"] = 600
+    pod["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    return pod
+
+
+@pytest.mark.parametrize("located", [True, False], ids=["located", "not-located"])
+def test_a_force_deleted_pod_kubelet_no_longer_counts_keeps_its_gpu_full(located: bool) -> None:
+    # Three 40 GiB GPUs: f (20 GiB) and n (19 GiB) on GPU 0, m1 and m2 (1 GiB) on GPUs
+    # 1 and 2. The tenant force-deletes f, which traps SIGTERM and runs out its 600 s
+    # grace period, free to use all it declared. kubelet drops a force-deleted pod from
+    # its active pods at once, and its device manager frees the pod's replica before
+    # the next allocation (UpdateAllocatedDevices; kubelet's own GetActivePods warns of
+    # it, kubernetes#104824): the device plugin then counts GPUs 0, 1, 2 at 1, 1, 1 and
+    # may give a 19 GiB newcomer GPU 0 -- 58 GiB declared on a 40 GiB GPU. Counted as
+    # a replica the allocator still holds, f let the bound say GPU 0 takes f or the
+    # newcomer, not both. Unlocated (deleted before a report placed it) f may be on
+    # any GPU.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
+    pods = {n: running(n, size) for n, size in (("f", "20Gi"), ("n", "19Gi"), ("m1", "1Gi"))}
+    pods["m2"] = running("m2", "1Gi")
+    for pod in pods.values():
+        state.on_pod("ADDED", pod)
+    uid = {name: uid_of(pod) for name, pod in pods.items()}
+    held = {0: {uid["n"]: MIB}, 1: {uid["m1"]: MIB}, 2: {uid["m2"]: MIB}}
+    before = {0: {**held[0], uid["f"]: MIB}, 1: held[1], 2: held[2]}
+    state.on_report("ADDED", gpu_report("gpu-a", before if located else held))
+    clock.now += 5
+    state.on_pod("DELETED", pods["f"])  # kubectl delete --force --grace-period=0
+    clock.now += 5
+    late = EPOCH + timedelta(seconds=10)
+    # The agent no longer knows f: what it holds is unattributed.
+    state.on_report("MODIFIED", gpu_report("gpu-a", held, unattributed={0: MIB}, at=late))
+    assert admit(state, "19Gi", "a", created=late) == [False]
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.gpus[0].accounted >= 39 * GIB
