@@ -105,6 +105,8 @@ class ClusterState:
         self.verify_after = verify_after
         self.clock = clock
         """Wall time: what the apiserver's and the agents' timestamps are compared with."""
+        self._latest = clock()
+        """The latest :attr:`clock` reading the departure history has used (:meth:`wall`)."""
         self.hold_clock = hold_clock or (time.monotonic if clock is time.time else clock)
         """What a hold's age is counted on (:attr:`Hold.since`, :meth:`due`): the
         monotonic clock, so that a wall-clock step (NTP) cannot make a binding POST
@@ -159,9 +161,9 @@ class ClusterState:
         self.spread = spread
         """False: unlocated pods are charged to every GPU (a device plugin whose
         allocation policy is not the NVIDIA plugin's distributed one)."""
-        self.watching_since = clock()
-        """Since when the pod watch has shown every pod that came and went: the last
-        complete pod list (:meth:`on_pod_resync`)."""
+        self.watching_since = self._latest
+        """Since when (:meth:`wall`) the pod watch has shown every pod that came and
+        went: the last complete pod list (:meth:`on_pod_resync`)."""
         self.lingering: dict[str, dict[str, tuple[float, PodClaim]]] = {}
         """Node -> UID -> (until when, claim) of pods deleted before kubelet reported
         them stopped, charged as they were until then (:meth:`_linger_on`)."""
@@ -220,7 +222,7 @@ class ClusterState:
         now = (node.replicas_per_gpu, per_gpu or None)
         before = self._offered.get(node.name, (None, None))
         if any(b is not None and n is not None and n < b for n, b in zip(now, before, strict=True)):
-            self._replicas_cut[node.name] = self.clock()
+            self._replicas_cut[node.name] = self.wall()
         self._offered[node.name] = (
             now[0] if now[0] is not None else before[0],
             now[1] if now[1] is not None else before[1],
@@ -286,7 +288,7 @@ class ClusterState:
             return claim
         seen = self.pods.get(claim.uid) or self._pending.get(claim.uid)
         first = seen.created if seen is not None else None
-        limit = self.clock() if first is None else first
+        limit = self.wall() if first is None else first
         return replace(claim, created=limit) if claim.created > limit else claim
 
     def on_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -365,7 +367,7 @@ class ClusterState:
         watch; a pod created and deleted in it was never seen, and its departure
         would be missing from the bound (headroom.spread): pods created before the
         list are charged on every GPU of their node until located."""
-        self.watching_since = self.clock()
+        self.watching_since = self.wall()
         self.on_resync()
 
     def on_resync(self) -> None:
@@ -441,7 +443,7 @@ class ClusterState:
         if not self.spread or self._predates_cut(name):
             return None
         history = self.history(name)
-        now = self.clock()
+        now = self.wall()
         since = max(history.since, now + horizon - HISTORY_SECONDS)
         if not gone:
             return history if since == history.since else History(since, history.departures)
@@ -589,9 +591,21 @@ class ClusterState:
             self._ahead_accounts[name] = (uids, account)
         return account
 
+    def wall(self) -> float:
+        """:attr:`clock`, never back: what departures, pods' creation (clamped to it) and
+        the history's start are counted on. A departure must not read as older than a
+        pod seen before it left: stamped by a wall clock NTP stepped back, it would fall
+        before the creation of pods kubelet allocated while it was still there, and the
+        bound on unlocated pods would forget it (headroom.spread: charged less than they
+        hold). Stepped back, it stands still until the clock catches up."""
+        now = self.clock()
+        if now > self._latest:
+            self._latest = now
+        return self._latest
+
     def history(self, name: str) -> History:
         """The node's departures the extender has seen, and since when it has seen all."""
-        since = max(self.watching_since, self.clock() - HISTORY_SECONDS)
+        since = max(self.watching_since, self.wall() - HISTORY_SECONDS)
         left = self.departures.get(name)
         while left and left[0][0] < since:
             left.popleft()
@@ -628,8 +642,8 @@ class ClusterState:
             on_node = self.lingering.get(name, {})
             if uid in on_node and on_node[uid][0] == until:
                 self._unlinger(uid, name)
-        aging = self._aging_heap
-        while aging and aging[0][0] <= now:
+        aging, wall = self._aging_heap, max(now, self.wall())
+        while aging and aging[0][0] <= wall:
             _, name = heapq.heappop(aging)
             if name in self.departures:
                 self._touch(name)
@@ -886,7 +900,7 @@ class ClusterState:
         ``linger`` seconds from now where kubelet may hold its replicas that long."""
         where = self._departure_gpu(claim) if located else None
         left = self.departures.setdefault(claim.node, deque())
-        at = self.clock() + linger
+        at = self.wall() + linger
         # Past the clock-skew tolerance it no longer counts for a pod created then.
         heapq.heappush(self._aging_heap, (at + FUTURE_TOLERANCE_SECONDS + 1.0, claim.node))
         for _ in range(claim.shared):

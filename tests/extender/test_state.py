@@ -627,6 +627,35 @@ def test_an_apiserver_clock_ahead_of_the_extenders_hides_no_departure() -> None:
     assert account.gpus[0].accounted >= 39 * GIB
 
 
+@pytest.mark.parametrize("step", [0, 60, 600])
+def test_the_extenders_wall_clock_stepping_back_hides_no_departure(step: int) -> None:
+    # The case above, with the clocks agreeing until NTP steps the extender's back
+    # (a minute; ten) just before the three on GPU 1 leave, and the node agent's with
+    # it (one time source): their departures are stamped before a, b and c were
+    # created, and the bound forgets them (or the history drops them, as older than
+    # its start): 26 GiB charged on GPU 0 where 39 GiB are.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=2))
+    old = [gpu_pod(f"o{i}", node="gpu-a", declared="1Gi", phase="Running") for i in range(3)]
+    for pod in old:
+        state.on_pod("ADDED", pod)
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {uid_of(p): GIB // 4 for p in old}}))
+    clock.now += 5
+    for name in "abc":
+        pod = gpu_pod(name, node="gpu-a", declared="13Gi")
+        pod["metadata"]["creationTimestamp"] = "2025-06-01T12:00:05Z"
+        state.on_pod("ADDED", pod)
+    clock.now += 1 - step
+    for pod in old:
+        state.on_pod("DELETED", stopped(pod))
+    at = datetime.fromtimestamp(clock.now, UTC)
+    state.on_report("MODIFIED", gpu_report("gpu-a", {0: {}, 1: {}}, at=at))
+    account = state.account("gpu-a")
+    assert account is not None
+    assert account.source == "report"
+    assert account.gpus[0].accounted >= 39 * GIB
+
+
 def test_an_unknown_device_plugin_policy_charges_unlocated_pods_everywhere() -> None:
     clock = Clock()
     state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock, spread=False)
