@@ -10,7 +10,9 @@ admitting the pod, and so after allocating its devices) and that the answer
 names once. A pod force-deleted and recreated under its name is, for a while,
 two pods to kubelet and one to the apiserver: the name then does not say whose
 devices they are, and the pod stays unlocated rather than placed on the GPU
-another pod holds.
+another pod holds. Each pod is also counted per GPU: how many of its replicas
+kubelet gave it there (:func:`replicas_by_gpu`), so that the extender can locate
+a pod of several replicas where the counts add up to all it asked for.
 
 kubelet's ``GetAllocatableResources`` says which replicas the device plugin lists
 now; a replica kubelet allocated beyond them (time-slicing cut from 8 replicas to
@@ -32,6 +34,7 @@ from typing import Any, NamedTuple
 from agent.podresources import PodDevices, PodResourcesClient, PodResourcesError, parse_device_id
 from agent.podresources.devices import UnknownDeviceID
 from agent.probe import Snapshot
+from headroom.reports import MAX_REPLICAS
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +50,50 @@ def pods_by_device(
 ) -> tuple[dict[str, frozenset[str]], list[UnknownDeviceID]]:
     """Device UUID -> pod UIDs, from kubelet's ``List`` and the pod cache (keyed by
     UID); and the device IDs in no form the NVIDIA device plugin writes, skipped."""
-    answer = list(answer)
-    names = Counter((entry.namespace, entry.name) for entry in answer)
-    uids = {_key(pod): uid for uid, pod in pods.items() if _started(pod)}
     found: dict[str, set[str]] = {}
     unknown: list[UnknownDeviceID] = []
-    for entry in answer:
-        key = (entry.namespace, entry.name)
-        uid = uids.get(key)
-        if uid is None or names[key] > 1:
-            continue
+    for uid, entry in _owned(answer, pods):
         for device_id in entry.device_ids():
             try:
                 found.setdefault(parse_device_id(device_id).uuid, set()).add(uid)
             except UnknownDeviceID as err:
                 unknown.append(err)
     return {uuid: frozenset(owners) for uuid, owners in found.items()}, unknown
+
+
+def replicas_by_gpu(
+    answer: Iterable[PodDevices], pods: Mapping[str, Pod]
+) -> dict[str, dict[str, int]]:
+    """GPU UUID -> pod UID -> how many of its time-slicing (or MPS) replicas kubelet
+    allocated the pod: the distinct ``<GPU-uuid>::<n>`` IDs over its containers, for
+    the pods :func:`pods_by_device` names. A whole GPU, or a MIG device's replicas,
+    are not counted. kubelet lists app containers and sidecars, not the plain init
+    containers whose devices they reuse; so where the counts add up to every replica
+    the pod asks for (its effective request), they are all it holds, and the extender
+    locates it (headroom.accounting.placed)."""
+    held: dict[str, dict[str, set[int]]] = {}
+    for uid, entry in _owned(answer, pods):
+        for ref in _replicas(entry.device_ids()):
+            held.setdefault(ref.uuid, {}).setdefault(uid, set()).add(ref.replica)
+    return {
+        uuid: {uid: min(len(numbers), MAX_REPLICAS) for uid, numbers in owners.items()}
+        for uuid, owners in held.items()
+    }
+
+
+def _owned(
+    answer: Iterable[PodDevices], pods: Mapping[str, Pod]
+) -> Iterator[tuple[str, PodDevices]]:
+    """Each entry of kubelet's answer with the UID of the pod it names, for a pod kubelet
+    started that the answer names once (the module's docstring says why)."""
+    answer = list(answer)
+    names = Counter((entry.namespace, entry.name) for entry in answer)
+    uids = {_key(pod): uid for uid, pod in pods.items() if _started(pod)}
+    for entry in answer:
+        key = (entry.namespace, entry.name)
+        uid = uids.get(key)
+        if uid is not None and names[key] == 1:
+            yield uid, entry
 
 
 class _Replica(NamedTuple):
@@ -118,16 +149,21 @@ def _replicas(device_ids: Iterable[str]) -> Iterator[_Replica]:
 
 
 def with_allocations(
-    snapshot: Snapshot, allocations: Allocations, unlisted: Mapping[str, int] | None = None
+    snapshot: Snapshot,
+    allocations: Allocations,
+    unlisted: Mapping[str, int] | None = None,
+    replicas: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Snapshot:
     """``snapshot`` with each GPU and MIG device carrying the pods kubelet gave it,
-    and each GPU how many replicas it holds that the device plugin no longer lists.
+    each GPU how many replicas it holds that the device plugin no longer lists, and
+    how many of its replicas each pod holds (:func:`replicas_by_gpu`).
 
     A device the snapshot does not have (another driver's, or a MIG layout that
     changed) is ignored: the report keys GPUs by what NVML measures.
     """
     unlisted = unlisted or {}
-    if not allocations and not unlisted:
+    replicas = replicas or {}
+    if not allocations and not unlisted and not replicas:
         return snapshot
     gpus = []
     for gpu in snapshot.gpus:
@@ -141,6 +177,7 @@ def with_allocations(
                 allocated=gpu.allocated | allocations.get(gpu.uuid, frozenset()),
                 mig_devices=migs,
                 unlisted_replicas=unlisted.get(gpu.uuid, 0),
+                replicas=dict(replicas.get(gpu.uuid, {})),
             )
         )
     return replace(snapshot, gpus=tuple(gpus))
@@ -157,6 +194,9 @@ class KubeletAllocations:
         """Device IDs already logged as unknown: the same ones come back every tick."""
         self.latest: dict[str, frozenset[str]] = {}
         """The last :meth:`read`'s answer: where the simulated backend places pods."""
+        self.replicas: dict[str, dict[str, int]] = {}
+        """GPU UUID -> pod UID -> its replicas there (:func:`replicas_by_gpu`), from
+        the same answer as :attr:`latest`, and kept with it while kubelet cannot say."""
         self.unlisted: dict[str, int] = {}
         """GPU UUID -> replicas allocated beyond those its plugin lists
         (:func:`unlisted_replicas`), as last known: kept while kubelet cannot say."""
@@ -185,6 +225,11 @@ class KubeletAllocations:
             # answer still holds for the pods still here. Dropped, a kubelet that
             # misses every other deadline would unlocate pods tick after tick, and
             # the guard's streak for a pod on a GPU it was not given would reset.
+            self.replicas = {
+                gpu: counted
+                for gpu, counts in self.replicas.items()
+                if (counted := {uid: n for uid, n in counts.items() if uid in pods})
+            }
             return {
                 device: kept
                 for device, uids in self.latest.items()
@@ -194,6 +239,7 @@ class KubeletAllocations:
             log.info("kubelet PodResources answers again: pods are located at allocation")
             self._failing = None
         allocations, unknown = pods_by_device(answer, pods)
+        self.replicas = replicas_by_gpu(answer, pods)
         await self._read_unlisted(answer)
         for bad in unknown:
             if bad.device_id not in self._unknown:

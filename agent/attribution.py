@@ -124,7 +124,7 @@ def _with_last_good(gpus: list[GPUUsage], previous: Iterable[GPUUsage]) -> list[
 
 def _gpu(gpu: GPU, pods: Mapping[str, Pod], resolve: Resolver) -> GPUUsage:
     mig_devices = [_mig(device, pods, resolve) for device in gpu.mig_devices]
-    whole = _pods(gpu.processes, gpu.allocated, pods, resolve)
+    whole = _pods(gpu.processes, gpu.allocated, pods, resolve, gpu.replicas)
     attributed = sum(p.used_bytes for p in whole) + sum(
         p.used_bytes for device in mig_devices for p in device.pods
     )
@@ -160,7 +160,10 @@ def _pods(
     allocated: Iterable[str],
     pods: Mapping[str, Pod],
     resolve: Resolver,
+    replicas: Mapping[str, int] | None = None,
 ) -> list[PodUsage]:
+    """``replicas``: pod UID -> its replicas of the GPU, counted for the pods allocated it."""
+    replicas = replicas or {}
     totals: dict[str, _PodTotal] = {uid: _PodTotal() for uid in allocated if uid in pods}
     given = set(totals)
     for process in processes:
@@ -188,6 +191,7 @@ def _pods(
                 used_bytes=total.used,
                 starved_bytes=total.starved,
                 allocated=uid in given,
+                replicas=replicas.get(uid) if uid in given else None,
             )
         )
     return usages

@@ -6,6 +6,7 @@ only measures; turning processes into pods and writing the report is the
 caller's job, so both backends feed the same attribution and reporting code.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -57,6 +58,10 @@ class GPU:
     """UIDs of the pods the device plugin gave this GPU or a replica of it: kubelet's
     word (PodResources, added by the agent, :mod:`agent.allocations`) on a real node,
     the simulation's own choice on a fake one. Listed in the report before they use it."""
+    replicas: Mapping[str, int] = field(default_factory=dict)
+    """Pod UID -> how many of this GPU's replicas kubelet allocated it
+    (:func:`agent.allocations.replicas_by_gpu`); a pod ``allocated`` lists and this
+    does not is not counted (the simulation's own placement)."""
     error: str = ""
     """Why NVML could not read this GPU; its figures are then not measurements."""
     numa_node: int | None = None

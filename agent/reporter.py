@@ -156,6 +156,9 @@ def _pods_change(
             # Memory may have located it first; kubelet's word can come later.
             change = "allocated" if pod.allocated else "no longer allocated"
             return f"pod {pod.namespace}/{pod.name} {change}"
+        if pod.replicas != was.replicas:
+            # Where its counts add up, a pod of several replicas is located on its GPUs.
+            return f"pod {pod.namespace}/{pod.name} replicas counted {pod.replicas}"
     return None
 
 

@@ -108,11 +108,14 @@ class Agent:
         resolve: Resolver = lambda pid: None,
         allocations: Callable[[Mapping[str, Pod]], Awaitable[Allocations]] | None = None,
         unlisted: Callable[[], Mapping[str, int]] = dict,
+        replicas: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         previous: ReportStatus | None = None,
     ) -> None:
-        """``previous``: the node's report as stored when the agent (re)started
+        """``unlisted`` and ``replicas``: per GPU, what kubelet's last answer said
+        (:class:`agent.allocations.KubeletAllocations`), read after ``allocations``.
+        ``previous``: the node's report as stored when the agent (re)started
         (:func:`stored_report`), whose figures the first ticks carry for a GPU NVML
         cannot read, as later ticks carry the last tick's."""
         self._node_name = node_name
@@ -126,6 +129,7 @@ class Agent:
         self._resolve = resolve
         self._allocations = allocations
         self._unlisted = unlisted
+        self._replicas = replicas
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         self.last: ReportStatus | None = None
@@ -155,7 +159,7 @@ class Agent:
         except ProbeUnavailable as err:
             failure = err
         if snapshot is not None:
-            snapshot = with_allocations(snapshot, allocations, self._unlisted())
+            snapshot = with_allocations(snapshot, allocations, self._unlisted(), self._replicas())
         self._note_availability(failure)
         status = build_status(
             node_name=self._node_name,
@@ -351,6 +355,7 @@ async def serve(config: AgentConfig, api: client.ApiClient, stop: asyncio.Event)
         resolve=functools.partial(container_of_pid, proc_root=config.proc_root),
         allocations=kubelet.read if kubelet is not None else None,
         unlisted=(lambda: kubelet.unlisted) if kubelet is not None else dict,
+        replicas=(lambda: kubelet.replicas) if kubelet is not None else dict,
         previous=await asyncio.to_thread(stored_report, writer, config.node_name),
     )
     pod_informer.start()

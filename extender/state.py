@@ -41,10 +41,10 @@ from headroom.accounting import (
     NodeAccount,
     account_node,
     foreign_replicas,
-    homes,
     listed_twice,
     measured,
     numa_groups,
+    placed,
     refine_groups,
 )
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
@@ -447,12 +447,13 @@ class ClusterState:
         since = max(history.since, now + horizon - HISTORY_SECONDS)
         if not gone:
             return history if since == history.since else History(since, history.departures)
-        held, left = self._assumed_on.get(name, {}), []
+        held = self._assumed_on.get(name, {})
+        left: list[tuple[float, int | None]] = []
         for uid in gone:
             claim = self.pods.get(uid)
             if claim is not None and claim.node == name:
                 if claim.shared:
-                    left.extend([(now, self._departure_gpu(claim))] * claim.shared)
+                    left.extend((now, index) for index in self._departure_gpus(claim))
             elif uid in held and held[uid].shared:
                 left.extend([(now, None)] * held[uid].shared)
         # A pod the cache does not hold that a report shows with a replica (the watch
@@ -824,17 +825,22 @@ class ClusterState:
 
         Not as one of the replicas the device plugin counts: kubelet drops the pod from
         its active pods at once, and its device manager frees the pod's replicas before
-        the next allocation (kubernetes#104824), so newcomers may be given its GPU as if
-        it were empty. It is charged in full on the GPU the report placed it on, or on
-        every GPU where none did (:attr:`PodClaim.deleted`, headroom.accounting); its
-        departure, recorded as it leaves the cache, covers the allocator counting it a
-        while longer.
+        the next allocation (kubernetes#104824), so newcomers may be given its GPUs as if
+        they were empty. It is charged in full on each GPU the report placed one of its
+        replicas on, or on every GPU where the report did not place them all
+        (:attr:`PodClaim.deleted`, headroom.accounting); its departure, recorded as it
+        leaves the cache, covers the allocator counting it a while longer.
         """
         until = self.hold_clock() + linger
         there = replace(claim, node=node, terminated=False)
+        # Each GPU the report placed one of its replicas on (never fewer GPUs than it
+        # held replicas on), or None where it did not place them all: every GPU.
+        where = self._departure_gpus(there)
+        gpus = sorted({index for index in where if index is not None})
+        home = tuple(gpus) if where and None not in where else None
         self.lingering.setdefault(node, {})[claim.uid] = (
             until,
-            replace(there, deleted=True, home=self._departure_gpu(there)),
+            replace(there, deleted=True, home=home),
         )
         heapq.heappush(self._linger_heap, (until, node, claim.uid))
         self._touch(node)
@@ -898,29 +904,36 @@ class ClusterState:
     def _departed(self, claim: PodClaim, *, located: bool = True, linger: float = 0.0) -> None:
         """Remember where a shared pod left from: its GPU if the report located it; as
         ``linger`` seconds from now where kubelet may hold its replicas that long."""
-        where = self._departure_gpu(claim) if located else None
+        where = self._departure_gpus(claim) if located else [None] * claim.shared
         left = self.departures.setdefault(claim.node, deque())
         at = self.wall() + linger
         # Past the clock-skew tolerance it no longer counts for a pod created then.
         heapq.heappush(self._aging_heap, (at + FUTURE_TOLERANCE_SECONDS + 1.0, claim.node))
-        for _ in range(claim.shared):
+        for index in where:
             # In time order, so that history() prunes from the left: one stamped ahead
             # must not keep every later departure from ever being forgotten.
-            bisect.insort(left, (at, where), key=lambda departure: departure[0])
+            bisect.insort(left, (at, index), key=lambda departure: departure[0])
 
-    def _departure_gpu(self, claim: PodClaim) -> int | None:
-        """The GPU a shared pod leaving its node leaves: where the report placed it, or
-        None (any GPU)."""
+    def _departure_gpus(self, claim: PodClaim) -> list[int | None]:
+        """The GPU each replica of a shared pod leaving its node leaves: where the report
+        placed them, counts that add up to all its replicas (headroom.accounting.placed),
+        or None (any GPU) for each."""
         report = self.reports.get(claim.node)
-        if claim.shared != 1 or report is None:
-            return None
-        home = homes(report).get(claim.uid)  # where the accounting placed it
+        anywhere: list[int | None] = [None] * claim.shared
+        if report is None:
+            return anywhere
+        where = placed(report).get(claim.uid)  # where the accounting placed it
         node = self.nodes.get(claim.node)
-        # Only on a GPU the node has: one a report places beyond them (a bug, a
+        # Only on GPUs the node has: one a report places beyond them (a bug, a
         # forgery: the accounting drops such GPUs) would be counted nowhere.
-        if home is not None and node is not None and home < node.count:
-            return home
-        return None
+        if (
+            where is None
+            or node is None
+            or sum(where.values()) != claim.shared
+            or any(index >= node.count for index in where)
+        ):
+            return anywhere
+        return [index for index, count in sorted(where.items()) for _ in range(count)]
 
     def _heartbeat(self, name: str, old: ReportStatus, new: ReportStatus) -> bool:
         """Keep the account when ``new`` repeats ``old``'s figures, only later: True if kept.
@@ -1056,8 +1069,9 @@ def _pod_key(obj: Mapping[str, Any]) -> str:
 
 def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     """Whether ``new`` may show room ``old`` did not: some GPU holds less (a pod freed
-    memory or left), or a pod is located (seen holding memory) for the first time,
-    which frees the other GPUs it was charged to (headroom.spread); or a GPU ``old``
+    memory or left), or a pod is located (seen holding memory, or its replicas counted)
+    for the first time or elsewhere, which frees the other GPUs it was charged to
+    (headroom.spread); or a GPU ``old``
     could not be measured by is read again (an NVML error, missing, listed twice: its
     pods were unlocated, charged on every GPU), or fewer replicas are unlisted by the
     device plugin (every unlocated pod was charged everywhere: ``_predates_cut``)."""
@@ -1072,9 +1086,11 @@ def _room_may_appear(old: ReportStatus, new: ReportStatus) -> bool:
     if any(gpu.unlisted_replicas < unlisted.get(gpu.index, 0) for gpu in new.gpus):
         return True
     seen = {u.uid for gpu in old.gpus for u in gpu.pods if u.used_bytes or u.allocated}
-    return any(
-        u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes or u.allocated
-    )
+    if any(u.uid not in seen for gpu in new.gpus for u in gpu.pods if u.used_bytes or u.allocated):
+        return True
+    # A pod of several replicas located once its counts add up (headroom.accounting.placed).
+    was = placed(old)
+    return any(was.get(uid) != where for uid, where in placed(new).items())
 
 
 def _renumbered(old: ReportStatus | None, new: ReportStatus) -> bool:

@@ -12,9 +12,13 @@ report shows that Headroom does not know are charged what they hold.
 Multi-GPU nodes. The NVIDIA device plugin, not the scheduler, picks which GPU
 backs a shared replica, and Headroom cannot steer it. So the rule is:
 
-* a pod the fresh report shows on a GPU (and that asked for one replica) is
-  charged to that GPU only;
-* a pod asking for more than one replica is charged to **every** GPU of its node;
+* a pod the fresh report shows on a GPU (kubelet's allocation, every replica it
+  asked for counted: :func:`placed`) is charged to that GPU only; a pod of several
+  replicas so located, its whole declaration on each GPU it holds a replica of
+  (the declaration is what it may hold on one GPU, headroom.claims), its
+  replicas each counted located there in the bound below;
+* a pod asking for more than one replica that no report so locates is charged to
+  **every** GPU of its node;
 * the other shared pods -- bound, not yet located -- are charged where the
   device plugin can have put them: each GPU ``g`` the largest ``x_g`` of them,
   where ``x_g`` is the most its ``distributed`` allocation policy can have put
@@ -26,8 +30,9 @@ backs a shared replica, and Headroom cannot steer it. So the rule is:
   their ``j`` smallest charges off and the larger ``x_g`` their absence allows on;
 * a pod deleted (or ended) before kubelet reported it stopped runs on for its
   grace period, but kubelet's device manager no longer counts its replicas: it
-  is charged in full on the GPU a report last placed it on, else on every GPU,
-  and is no replica of that bound (:attr:`PodClaim.deleted`);
+  is charged in full on each GPU a report last placed a replica of it on (all
+  its replicas counted), else on every GPU, and is no replica of that bound,
+  located or not (:attr:`PodClaim.deleted`);
 * a new pod fits only if its declared memory fits the **tightest** GPU
   (:attr:`NodeAccount.tightest`), whichever GPU it gets.
 
@@ -60,6 +65,7 @@ from headroom.nodes import NodeGPUs
 from headroom.quantity import human_bytes
 from headroom.reports import (
     CONDITION_NVML_AVAILABLE,
+    MAX_REPLICAS,
     SCHEMA_VERSION,
     GPUUsage,
     PodUsage,
@@ -373,10 +379,15 @@ def _measured(
     # on one (its flag or the placement is wrong) is not located, and so is charged on
     # the shared GPUs, not kept off every GPU a newcomer is checked against.
     sharing = set(shared_indices)
+    # Located where kubelet's allocations hold every replica the pod asks for: a pod
+    # of several replicas only where the report counts them all (:func:`placed`).
     home = {
-        uid: index
-        for uid, index in homes(report).items()
-        if uid in known and known[uid].shared == 1 and index in sharing and not known[uid].deleted
+        uid: where
+        for uid, where in placed(report).items()
+        if uid in known
+        and not known[uid].deleted
+        and known[uid].shared == sum(where.values())
+        and all(index in sharing for index in where)
     }
     located = set(home)
 
@@ -384,9 +395,10 @@ def _measured(
         usage = reported.get(index)
         return usage.total_bytes if usage is not None and usage.total_bytes else node.memory_bytes
 
-    located_on: dict[int, list[str]] = {}
-    for uid, index in home.items():
-        located_on.setdefault(index, []).append(uid)
+    located_on: dict[int, list[str]] = {}  # a pod once per replica it holds there
+    for uid, where in home.items():
+        for index, count in where.items():
+            located_on.setdefault(index, []).extend([uid] * count)
     unlocated = [c for c in claims if c.shared and c.uid not in located and not c.deleted]
     limits = _spread(
         unlocated, shared_indices, located_on, history, now, node.confirmed, groups,
@@ -395,17 +407,20 @@ def _measured(
     )  # fmt: skip
     growth: dict[int, list[Variant]] = {}
     charges: dict[int, list[PodCharge]] = {i: [] for i in indices}
-    leavers: dict[int, list[int]] = {}
+    leavers: dict[int, list[tuple[int, int]]] = {}
     for claim in claims:
         where = seen.get(claim.uid, {})
         if claim.deleted and claim.shared:
             for index, line in _deleted_charges(claim, node, shared_indices, where, total):
                 charges.setdefault(index, []).append(line)
         elif claim.uid in located:
+            given = home[claim.uid]
             for index, used in where.items():
-                if index == home[claim.uid]:
+                if index in given:
+                    # All it declares, on each GPU it holds a replica of: the declaration
+                    # is what the pod may hold on one GPU (headroom.claims).
                     charge = max(_need(claim, node, total(index)), used)
-                    leavers.setdefault(index, []).append(charge)
+                    leavers.setdefault(index, []).append((charge, given[index]))
                 else:  # memory it holds on a GPU kubelet did not give it: what it holds
                     charge = used
                 charges.setdefault(index, []).append(_charge(claim, used, charge, True))
@@ -463,8 +478,10 @@ def _deleted_charges(
 ) -> list[tuple[int, PodCharge]]:
     """A shared pod deleted before kubelet reported it stopped (:attr:`PodClaim.deleted`),
     per GPU: in full -- its declaration, or more where a report saw it hold more (``held``
-    per GPU, ``most`` anywhere) -- on the GPU a report last placed it on, else on every
-    shared GPU, as a pod of several replicas is; what it holds on another GPU, as held.
+    per GPU, ``most`` anywhere) -- on each GPU a report last placed a replica of it on
+    (:attr:`PodClaim.home`: every replica counted, :func:`placed`), else on every shared
+    GPU; what it holds on another GPU, as held. A pod of several replicas may hold all
+    it declares on each GPU it holds one of, as a located one is charged.
 
     Its containers may run out its grace period, free to use all it declared, while
     kubelet's device manager no longer counts its replicas (kubelet's active pods leave
@@ -473,16 +490,15 @@ def _deleted_charges(
     allocator put the other pods (its departure is one, recorded as it left), and is
     charged where it may run, not where that bound says it can be."""
     indices = set(shared_indices)
-    if claim.home is not None and claim.shared == 1 and claim.home in indices:
-        full = {claim.home}
-    else:
-        full = indices
+    # Only where every GPU it was placed on is still a shared one: else anywhere.
+    home = set(claim.home or ())
+    full = home if home and home <= indices else indices
     lines = []
     for index in sorted(full | held.keys()):
         used = held.get(index, 0)
         if index in full:
             charge = max(_need(claim, node, total(index)), most, used)
-            lines.append((index, _charge(claim, used or None, charge, index == claim.home)))
+            lines.append((index, _charge(claim, used or None, charge, index in home)))
         elif used:
             lines.append((index, _charge(claim, used, used, True)))
     return lines
@@ -501,11 +517,13 @@ def _holders(gpu: GPUUsage) -> list[PodUsage]:
 
 
 def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> dict[int, int]:
-    """GPU index -> the pods, not in ``known``, that a report shows holding a replica
-    there (the most any of ``reports`` shows), placed as :func:`homes` places pods.
+    """GPU index -> the replicas of pods not in ``known`` that a report shows held there
+    (the most any of ``reports`` shows): a pod's count where the report gives one, else
+    one per GPU it is placed on as :func:`homes` places pods; at most
+    :data:`~headroom.reports.MAX_REPLICAS` a GPU, so a forged count costs no memory.
 
     A pod the watch has not delivered yet, or one deleted from the API longer ago
-    than the departures are kept that kubelet still runs, holds its replica all the
+    than the departures are kept that kubelet still runs, holds its replicas all the
     same (:func:`_spread`).
     """
     most: dict[int, int] = {}
@@ -513,10 +531,10 @@ def foreign_replicas(reports: Iterable[ReportStatus], known: Container[str]) -> 
         count: dict[int, int] = {}
         for uid, where in _placements(report).items():
             if uid not in known:
-                for index in where:
-                    count[index] = count.get(index, 0) + 1
+                for index, replicas in where.items():
+                    count[index] = count.get(index, 0) + (replicas or 1)
         for index, n in count.items():
-            most[index] = max(most.get(index, 0), n)
+            most[index] = min(max(most.get(index, 0), n), MAX_REPLICAS)
     return most
 
 
@@ -533,17 +551,52 @@ def homes(report: ReportStatus) -> dict[str, int]:
     return {uid: min(where) for uid, where in _placements(report).items() if len(where) == 1}
 
 
-def _placements(report: ReportStatus) -> dict[str, set[int]]:
-    """Pod UID -> the GPUs kubelet allocated it, where the report lists allocations;
-    else the GPUs it holds memory on (:func:`homes`)."""
-    allocated: dict[str, set[int]] = {}
-    held: dict[str, set[int]] = {}
+def placed(report: ReportStatus) -> dict[str, dict[int, int]]:
+    """Pod UID -> GPU index -> how many of its replicas kubelet allocated it there, for
+    the pods the report places with every replica counted: where each GPU the report
+    lists it allocated counts its replicas (``PodUsage.replicas``), those counts; where
+    none does (an agent older than the counts) or the report lists no allocation at
+    all, a pod :func:`homes` places, one replica there (a one-replica pod, as before).
+    A pod counted on some of its GPUs and not others is left out.
+
+    The accounting locates a pod whose counts add up to the replicas it asks for: the
+    agent counts the replicas of its app containers and sidecars, which kubelet
+    lists, and any replica of a plain init container they do not reuse is one more
+    than they add up to (agent.allocations.replicas_by_gpu), so the pod stays
+    unlocated, charged where the device plugin can have put it.
+    """
+    found: dict[str, dict[int, int]] = {}
+    for uid, where in _placements(report).items():
+        counts = list(where.values())
+        if all(count is not None for count in counts):
+            found[uid] = {index: count for index, count in where.items() if count is not None}
+        elif len(where) == 1 and counts == [None]:
+            found[uid] = {min(where): 1}
+    return found
+
+
+def _placements(report: ReportStatus) -> dict[str, dict[int, int | None]]:
+    """Pod UID -> the GPUs kubelet allocated it, with its replicas counted on each (None:
+    not counted), where the report lists allocations; else the GPUs it holds memory on,
+    uncounted (:func:`homes`). A pod listed twice on one GPU (an agent fault) has the
+    counts added: they then add up to more than it asked for, not fewer."""
+    allocated: dict[str, dict[int, int | None]] = {}
+    held: dict[str, dict[int, int | None]] = {}
     for gpu in report.gpus:
         for usage in gpu.pods:
             if usage.allocated:
-                allocated.setdefault(usage.uid, set()).add(gpu.index)
+                where = allocated.setdefault(usage.uid, {})
+                if gpu.index in where:
+                    before = where[gpu.index]
+                    where[gpu.index] = (
+                        None
+                        if before is None or usage.replicas is None
+                        else before + usage.replicas
+                    )
+                else:
+                    where[gpu.index] = usage.replicas
             if usage.used_bytes:
-                held.setdefault(usage.uid, set()).add(gpu.index)
+                held.setdefault(usage.uid, {})[gpu.index] = None
     return allocated or held
 
 
@@ -799,7 +852,8 @@ def _spread(
 ) -> Spread | None:
     """:class:`Spread` for the node, or None: every unlocated pod on every GPU.
 
-    ``located`` lists the located pods per GPU. The bound needs a history that
+    ``located`` lists the located pods per GPU, a pod once per replica it holds
+    there (each is a located replica: ``o_g``, ``c_h``). The bound needs a history that
     covers every unlocated pod's life on the node (headroom.spread), and no
     more shared GPUs than the node's label and device plugin both show
     (``confirmed``): the device plugin spreads pods over the GPUs it has, and
@@ -927,16 +981,17 @@ def _cap(
     unlocated: list[PodClaim],
     spread: Spread | None,
     index: int,
-    leavers: Iterable[int] = (),
+    leavers: Iterable[tuple[int, int]] = (),
     *,
     replicas: Mapping[str, int] | None = None,
 ) -> tuple[list[PodCharge], list[Variant]]:
     """The unlocated pods' lines on GPU ``index``, and per ``j`` (:class:`Spread`)
     the :data:`Variant` a new single-replica pod is checked against.
 
-    ``leavers`` are the charges of the located pods ``spread`` counted on the
-    GPU. With ``j`` of them gone -- the ``j`` smallest, which frees the least --
-    the largest ``spread.now[index][j]`` single-replica lines can be here. The
+    ``leavers`` are the located pods ``spread`` counted on the GPU: each one's
+    charge here and its replicas here. With ``j`` of their replicas gone -- the
+    pods that free the least, :func:`_least_freed` -- the largest
+    ``spread.now[index][j]`` single-replica lines can be here. The
     GPU is charged the worst ``j``: the largest lines in full, as many as that
     takes (the last in part), the rest 0 (they cannot all be here);
     multi-replica pods in full. With one more pod, ``m = spread.next[index][j]``
@@ -958,9 +1013,7 @@ def _cap(
     nows = [min(now, last) for now in spread.now.get(index, (last,))]
     nexts = [min(more, last + 1) for more in spread.next.get(index, (last + 1,))]
     top.append(top[-1])  # the new pod itself adds its own need, not a line's
-    freed = [0]
-    for charge in sorted(leavers)[: len(nows) - 1]:
-        freed.append(freed[-1] + charge)
+    freed = _least_freed(leavers, len(nows) - 1)
     here = [top[now] - freed[j] for j, now in enumerate(nows)]
     worst = max(here)
     budget, charged = worst, {}
@@ -990,6 +1043,36 @@ def _cap(
         else:
             variants.append((slack, (top[more - 1] - top[now], top[more] - top[now])))
     return capped, variants
+
+
+def _least_freed(leavers: Iterable[tuple[int, int]], most: int) -> list[int]:
+    """For ``j`` in ``0..most``: the least charge that located pods holding at least
+    ``j`` of the GPU's replicas free by leaving (``leavers``: each one's charge and
+    replicas here). A pod's replicas leave together: kubelet frees them when the pod
+    stops. Every way of ``j`` replicas leaving frees at least this, so charging the
+    bound for ``j`` gone less this charges no less than any of them; a ``j`` no set of
+    pods adds up to is charged as the fewer of a larger set, which the worst covers.
+
+    With one replica each, the ``j`` smallest charges; otherwise the smallest total
+    over the sets of pods (a knapsack over at most ``most`` replicas)."""
+    items = sorted(leavers)
+    if all(count == 1 for _, count in items):
+        freed = [0]
+        for charge, _ in items[:most]:
+            freed.append(freed[-1] + charge)
+        return freed
+    # least[t]: the least charge of pods holding exactly t replicas, t capped at most.
+    unreachable = CANNOT_LAND
+    least = [0] + [unreachable] * most
+    for charge, count in items:
+        for t in range(most, -1, -1):
+            if least[t] == unreachable:
+                continue
+            to = min(t + count, most)
+            least[to] = min(least[to], least[t] + charge)
+    for t in range(most - 1, -1, -1):  # at least t: the least of t and more
+        least[t] = min(least[t], least[t + 1])
+    return least
 
 
 def _room(headroom: int, growth: Sequence[Variant]) -> int:

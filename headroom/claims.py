@@ -90,9 +90,10 @@ class PodClaim:
     give its GPU to newcomers as if it were empty: the pod is charged in full where it
     may run, outside the bound on where the allocator put the others
     (headroom.accounting)."""
-    home: int | None = None
-    """For a ``deleted`` pod of one replica: the GPU a report placed it on when it left
-    (None: any GPU of its node)."""
+    home: tuple[int, ...] | None = None
+    """For a ``deleted`` pod: the GPUs a report placed its replicas on when it left, each
+    once, where the report counted all of them (headroom.accounting.placed); None: any
+    GPU of its node."""
 
     @cached_property
     def key(self) -> str:

@@ -22,16 +22,23 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 
 from headroom.names import API_VERSION, REPORT_KIND
+from headroom.podspec import MAX_GPU_COUNT
 
 SCHEMA_VERSION = 1
 """Bumped only when a field changes meaning, so that a reader must not trust what it
 would misread: readers fall back to declarations on any other version. A field
-added with a default that means "as before" (``PodUsage.allocated``) is no bump:
+added with a default that means "as before" (``PodUsage.allocated``,
+``PodUsage.replicas``) is no bump:
 an older extender ignores it, a newer one reads an older report as before."""
 MAX_GPU_INDEX = 1023
 """No node has more GPUs; a report giving a larger index is unreadable (and then
 never vouches for its node), rather than making every account of the node, and
 the NUMA groups kept for it, as large as the index (a review's case)."""
+
+
+MAX_REPLICAS = MAX_GPU_COUNT
+"""The most replicas of one GPU a report counts for one pod: the most a pod may ask
+for (headroom.podspec); a larger count makes the report unreadable."""
 
 
 _CONFIG = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
@@ -57,6 +64,13 @@ class PodUsage:
     allocated: bool = False
     """kubelet allocated this GPU (or one of its replicas) to the pod, per PodResources
     (the simulated backend: its stand-in device plugin did): listed even at 0 bytes."""
+    replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    """How many of this GPU's time-slicing (or MPS) replicas kubelet allocated the pod,
+    per PodResources (distinct ``<GPU-uuid>::<n>`` IDs over its containers); None: not
+    counted (an agent older than this field, the simulated backend's own placement, a
+    whole GPU, a MIG device). None as before: no schema bump. With the counts of every
+    GPU it is allocated, the extender locates a pod of several replicas
+    (headroom.accounting.placed)."""
 
 
 @dataclass(config=_CONFIG, slots=True, kw_only=True)

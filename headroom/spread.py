@@ -42,7 +42,8 @@ memory gone too (``headroom.accounting._cap``). A pod gone from another GPU
 
 :func:`most_on_gpu` is the largest ``x_g`` that satisfies it. The accounting
 charges each GPU the largest ``x_g`` of the unlocated single-replica pods
-(a multi-replica pod stays charged on every GPU). The bound needs the
+(an unlocated multi-replica pod stays charged on every GPU; a located one is
+``o_g`` or ``c_h`` replicas where it holds them, its replicas leaving together). The bound needs the
 departures: without their history (an extender restarted after the pod was
 created) the pod is charged everywhere, as before.
 

@@ -13,6 +13,7 @@ from grpc import aio
 from agent.allocations import (
     KubeletAllocations,
     pods_by_device,
+    replicas_by_gpu,
     unlisted_replicas,
     with_allocations,
 )
@@ -106,6 +107,54 @@ def test_the_snapshot_carries_each_devices_pods() -> None:
     assert second.allocated == frozenset()
     assert second.mig_devices[0].allocated == {"uid-m"}
     assert with_allocations(snapshot, {}) is snapshot
+
+
+def test_each_pods_replicas_of_each_gpu_are_counted() -> None:
+    # The extender locates a pod of several replicas only where the counts add up to
+    # all it asked for: distinct replica IDs over its containers, per GPU, by UID.
+    two = PodDevices(
+        "ml",
+        "pair",
+        (
+            ContainerDevices("main", {SHARED: (f"{GPU0}::1", f"{GPU1}::4")}),
+            ContainerDevices("side", {SHARED: (f"{GPU0}::6",)}),
+        ),
+    )
+    pods = cache(
+        pod("pair", "uid-pair", namespace="ml"),
+        pod("one", "uid-one", namespace="ml"),
+        pod("whole", "uid-whole", namespace="ml", resource="nvidia.com/gpu"),
+        pod("m", "uid-m", namespace="ml", resource="nvidia.com/mig-1g.5gb.shared"),
+        pod("twice", "uid-twice", namespace="ml"),
+    )
+    counts = replicas_by_gpu(
+        [
+            two,
+            answer("ml", "one", SHARED, f"{GPU1}::0", f"{GPU1}::0"),  # listed twice: one
+            answer("ml", "whole", "nvidia.com/gpu", GPU0),  # no replica: not counted
+            answer("ml", "m", "nvidia.com/mig-1g.5gb.shared", f"{MIG}::2"),  # MIG: not counted
+            answer("ml", "twice", SHARED, f"{GPU0}::2"),
+            answer("ml", "twice", SHARED, f"{GPU1}::2"),  # whose: not known, as for allocations
+            answer("ml", "ghost", SHARED, f"{GPU1}::3"),  # not in the cache
+        ],
+        pods,
+    )
+    assert counts == {GPU0: {"uid-pair": 2}, GPU1: {"uid-pair": 1, "uid-one": 1}}
+
+
+def test_the_snapshot_carries_each_gpus_replica_counts() -> None:
+    gpus = (
+        GPU(0, GPU0, "A100", 40 * GIB, 0, 40 * GIB, allocated=frozenset({"uid-sim"})),
+        GPU(1, GPU1, "A100", 40 * GIB, 0, 40 * GIB),
+    )
+    snapshot = with_allocations(
+        Snapshot(gpus),
+        {GPU0: frozenset({"uid-a"}), GPU1: frozenset({"uid-a"})},
+        replicas={GPU0: {"uid-a": 2}, GPU1: {"uid-a": 1}, "GPU-elsewhere": {"x": 1}},
+    )
+    first, second = snapshot.gpus
+    assert first.replicas == {"uid-a": 2}  # the simulation's own placement: no count
+    assert second.replicas == {"uid-a": 1}
 
 
 def listing(replicas: int, *gpus: str) -> dict[str, list[str]]:
@@ -209,6 +258,7 @@ def agent(socket_path: Path) -> tuple[Agent, KubeletAllocations]:
         pods=lambda: pods,
         allocations=kubelet.read,
         unlisted=lambda: kubelet.unlisted,
+        replicas=lambda: kubelet.replicas,
     )
     return built, kubelet
 
@@ -221,6 +271,10 @@ def listed(agent_status: Any) -> dict[tuple[int, str], tuple[int, bool]]:
     }
 
 
+def counted(agent_status: Any) -> dict[tuple[int, str], int | None]:
+    return {(gpu.index, p.uid): p.replicas for gpu in agent_status.gpus for p in gpu.pods}
+
+
 async def test_each_pod_is_reported_on_the_gpu_kubelet_gave_it(
     kubelet: Kubelet, socket_path: Path
 ) -> None:
@@ -230,9 +284,39 @@ async def test_each_pod_is_reported_on_the_gpu_kubelet_gave_it(
     finally:
         await allocations.close()
     assert listed(status) == {(0, "uid-b"): (0, True), (1, "uid-a"): (0, True)}
+    assert counted(status) == {(0, "uid-b"): 1, (1, "uid-a"): 1}
     assert kubelet.calls == ["List", "GetAllocatableResources"]
     assert [gpu.unlisted_replicas for gpu in status.gpus] == [0, 0]
     assert tick.reporter.writes == 1
+
+
+async def test_a_pod_of_several_replicas_is_reported_with_its_count_on_each_gpu(
+    kubelet: Kubelet, socket_path: Path
+) -> None:
+    devices = [
+        pb.ContainerDevices(resource_name=SHARED, device_ids=[f"{GPU0}::1", f"{GPU1}::5"]),
+    ]
+    side = [pb.ContainerDevices(resource_name=SHARED, device_ids=[f"{GPU1}::6"])]
+    kubelet.pods = [
+        pb.PodResources(
+            namespace="ml",
+            name="a",
+            containers=[
+                pb.ContainerResources(name="main", devices=devices),
+                pb.ContainerResources(name="side", devices=side),
+            ],
+        )
+    ]
+    tick, allocations = agent(socket_path)
+    try:
+        status = await tick.tick()
+        kubelet.rate_limited = True  # kubelet stops answering: the counts stay as they were
+        missed = await tick.tick()
+    finally:
+        await allocations.close()
+    assert listed(status) == {(0, "uid-a"): (0, True), (1, "uid-a"): (0, True)}
+    assert counted(status) == {(0, "uid-a"): 1, (1, "uid-a"): 2}
+    assert counted(missed) == counted(status)
 
 
 async def test_a_kubelet_that_cannot_answer_costs_no_report(

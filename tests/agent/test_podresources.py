@@ -13,6 +13,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from agent.allocations import replicas_by_gpu
 from agent.podresources import (
     DeviceRef,
     PodDevices,
@@ -191,6 +192,23 @@ async def test_a_pods_replica_ids_name_its_gpus(kubelet_socket: Path) -> None:
     assert device_uuids(trainer.device_ids()) == {GPU0, GPU1}
     assert device_uuids(mig_job.device_ids()) == {MIG}
     assert device_uuids(coredns.device_ids()) == frozenset()
+
+
+async def test_a_pods_replicas_of_each_gpu_are_counted_over_its_containers(
+    kubelet_socket: Path,
+) -> None:
+    # What locates a pod of several replicas: trainer-0 holds one replica of GPU0
+    # (main) and two of GPU1 (its sidecar); a MIG device is not counted.
+    pods = {
+        uid: {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"phase": "Running", "startTime": "2025-01-01T00:00:00Z"},
+        }
+        for uid, namespace, name in (("uid-t", "ml", "trainer-0"), ("uid-m", "ml", "mig-job"))
+    }
+    async with PodResourcesClient(str(kubelet_socket)) as client:
+        answer = await client.list()
+    assert replicas_by_gpu(answer, pods) == {GPU0: {"uid-t": 1}, GPU1: {"uid-t": 2}}
 
 
 async def test_allocatable_returns_the_gpu_devices_kubelet_may_allocate(

@@ -101,6 +101,7 @@ def rich_report() -> ReportStatus:
         used_bytes=30 * GIB,
         starved_bytes=2 * GIB,
         allocated=True,
+        replicas=2,
     )
     return ReportStatus(
         node_name="gpu-node-1",
@@ -174,6 +175,19 @@ def test_a_report_from_before_allocated_reads_as_not_allocated() -> None:
     status = parse_report(obj)
     assert status.schema_version == SCHEMA_VERSION
     assert not status.gpus[0].pods[0].allocated
+
+
+def test_a_report_from_before_replicas_reads_as_not_counted() -> None:
+    """``replicas`` came without a schemaVersion bump: an older agent's allocations
+    are read as uncounted, which locates no pod of several replicas (as before)."""
+    obj: Any = report_object(rich_report())
+    assert obj["status"]["gpus"][0]["pods"][0]["replicas"] == 2
+    del obj["status"]["gpus"][0]["pods"][0]["replicas"]
+    status = parse_report(obj)
+    assert status.schema_version == SCHEMA_VERSION
+    assert status.gpus[0].pods[0].replicas is None
+    written: Any = report_object(status)
+    assert "replicas" not in written["status"]["gpus"][0]["pods"][0]
 
 
 def test_the_checker_catches_what_the_apiserver_would_prune_or_refuse() -> None:

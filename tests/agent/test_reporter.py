@@ -79,6 +79,12 @@ def test_what_counts_as_a_change() -> None:
     assert "starts starving" in starving
     # Already located by its memory, but kubelet's word is what keeps it there at 0 bytes.
     assert change_reason(base, status(allocated=True), policy) == "gpu 0: pod ml/p1 allocated"
+    # Its replicas counted: what locates a pod of several replicas (headroom.accounting).
+    given = status(allocated=True)
+    counted = replace(
+        given, gpus=[replace(given.gpus[0], pods=[replace(given.gpus[0].pods[0], replicas=2)])]
+    )
+    assert change_reason(given, counted, policy) == "gpu 0: pod ml/p1 replicas counted 2"
     assert change_reason(base, status(available=False), policy) == "condition changed"
     # A GPU NVML stops reading keeps its last figures (agent.attribution): the error says.
     failing = replace(base, gpus=[replace(base.gpus[0], error="NVMLError_Unknown")])

@@ -4,7 +4,8 @@ Random storms on 1-3 nodes of 2-8 time-sliced GPUs: pods arrive through the
 filter and the bind's hold, the pod watch shows binds late, kubelet allocates
 bound pods in any order by NVIDIA's ``distributed`` policy (each replica to a
 GPU with the fewest allocated; k8s-device-plugin internal/rm/allocate.go),
-reports are taken, delayed and superseded, NVML fails on a GPU now and then,
+reports are taken, delayed and superseded, count each pod's replicas per GPU (or,
+now and then, come from an agent that does not), NVML fails on a GPU now and then,
 pods use memory, end and are deleted, and time passes. In the ``lag`` world
 kubelet frees a pod's replicas when its containers end, before its report and
 the API show it; in ``strict`` it frees them when the watch shows the pod gone.
@@ -12,7 +13,8 @@ In the ``numa`` world kubelet's Topology Manager is on: a pod's replicas come
 from the lowest NUMA node with room for them (devicemanager filterByAffinity),
 spread over that node's GPUs only; a GPU with no NUMA node is used only when
 no NUMA node has room; the agent reports each GPU's node from its start.
-In the ``force`` world tenants force-delete running pods that trap SIGTERM: kubelet
+In the ``force`` world tenants force-delete running pods that trap SIGTERM (those of
+several replicas more often, located or not, on one GPU or several): kubelet
 drops such a pod from its active pods at once, and its device manager frees the
 pod's replicas before the next allocation (kubernetes#104824), while the containers
 run out their grace period, free to use all they declared; the agent, which no
@@ -25,7 +27,8 @@ After every step, on every GPU, the memory the pods kubelet holds there
 declare is no more than the extender charges that GPU, and no more than the GPU
 holds less the margin. The cached accounts never promise more than freshly
 worked-out ones. This is the model that found the two holes in the spread
-bound of 2026-11-25 (a located pod kubelet had freed; a pod of two replicas).
+bound of 2026-11-25 (a located pod kubelet had freed; a pod of two replicas). Pods
+of one to three replicas arrive; the agent's counts locate those of several.
 """
 
 import random
@@ -120,9 +123,15 @@ class Node:
     def report(self, now: float, rng: random.Random) -> Object:
         gpus = []
         total = self.memory_mib * MIB
+        counted = rng.random() < 0.9  # else an agent older than the replica counts
         for g in range(self.gpus):
             pods = [
-                PodUsage(uid=p.uid, used_bytes=0 if p.ended else p.used, allocated=True)
+                PodUsage(
+                    uid=p.uid,
+                    used_bytes=0 if p.ended else p.used,
+                    allocated=True,
+                    replicas=p.gpus.count(g) if counted else None,
+                )
                 for p in self.pods.values()
                 if g in p.gpus
             ]
@@ -221,7 +230,8 @@ class Storm:
         event = rng.choices(events, weights)[0]
         pods = self.pods()
         if event == "force" and (running := [p for p in pods if p.gpus and not p.ended]):
-            pod = rng.choice(running)
+            # Pods of several replicas more often: charged in full on each GPU they held.
+            pod = rng.choices(running, [p.replicas**2 for p in running])[0]
             node = self.nodes[pod.node]
             # kubelet reads its pods in the apiserver's order: those bound before this
             # deletion are admitted (allocated) before it drops the deleted one.
@@ -232,7 +242,13 @@ class Storm:
             node.running_on[pod.uid] = (now + DEFAULT_GRACE_SECONDS, pod)
             pod.used = rng.choice([0, pod.declared // 2])  # and free to grow to all of it
             state.on_pod("DELETED", pod.object())  # its containers still shown running
-            self.log.append(f"{now:.1f} {pod.uid} force-deleted: runs on, its replicas free")
+            _, claim = state.lingering[pod.node][pod.uid]
+            # Where a report placed it, on every GPU it holds a replica of, none fewer.
+            assert claim.home is None or claim.home == tuple(sorted(set(pod.gpus))), claim.home
+            self.log.append(
+                f"{now:.1f} {pod.uid} (x{pod.replicas} on {pod.gpus}, placed on {claim.home})"
+                " force-deleted: runs on, its replicas free"
+            )
         elif event == "stop" and (
             stopping := [(n, uid) for n in self.nodes.values() for uid in n.running_on]
         ):
@@ -290,7 +306,7 @@ class Storm:
     def arrive(self) -> None:
         rng, state = self.rng, self.state
         self.count += 1
-        replicas = 2 if rng.random() < 0.1 else 1
+        replicas = rng.choices([1, 2, 3], [85, 10, 5])[0]
         pod = Pod(f"p{self.count}", "", rng.choice(self.sizes), replicas, self.clock.now)
         obj = pod.object(phase="Pending")
         state.on_pod("ADDED", obj)
