@@ -909,14 +909,24 @@ def _spread(
         }
         anywhere = left.get(None, 0)
 
+    # A GPU's answers depend on its group's counts but its own, and on its own located
+    # pods: GPUs alike in those (most of a node's) share them.
+    peers_of: dict[Hashable, dict[int, int]] = {}
+    if groups is not None:
+        for h, count in bounds.items():
+            peers_of.setdefault(groups.get(h, h), {})[h] = count
+    answers: dict[tuple[Hashable, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     most: dict[int, tuple[int, ...]] = {}
     more: dict[int, tuple[int, ...]] = {}
     for g in shared_indices:
         own = len(located.get(g, ()))
+        group = None if groups is None else groups.get(g, g)
+        alike = (group, bounds.get(g, 0), own)
+        if alike in answers:
+            most[g], more[g] = answers[alike]
+            continue
         if bounded:
-            peers = bounds
-            if groups is not None:
-                peers = {h: c for h, c in bounds.items() if groups.get(h, h) == groups.get(g, g)}
+            peers = bounds if groups is None else peers_of[group]
             most[g] = most_with_gone(g, replicas, peers, anywhere, own)
             more[g] = most_with_gone(g, replicas + 1, peers, anywhere, own, least=most[g])
         else:
@@ -926,6 +936,7 @@ def _spread(
             # pods freed, per_gpu - (own - j) for the unlocated (the new pod included).
             most[g] = tuple(min(x, max(0, per_gpu - own + j)) for j, x in enumerate(most[g]))
             more[g] = tuple(min(x, max(0, per_gpu - own + j)) for j, x in enumerate(more[g]))
+        answers[alike] = most[g], more[g]
     return Spread(now=most, next=more)
 
 

@@ -93,20 +93,30 @@ def most_with_gone(
     to satisfy the bound for that ``j`` (the answer with fewer ``unlocated``).
 
     Fewer located only ever allow more, so each search starts where the last
-    ended: ``O(unlocated + own)`` steps in all.
+    ended. The bound's left side grows with every replica more (by one, and the
+    shortfall never falls), so the counts that satisfy it from there on are a
+    run: its end is searched by halves, ``O(log unlocated)`` sums per ``j``, and
+    with no other GPU to bound it (a NUMA node of one GPU, a node with no
+    report yet) it is ``unlocated`` itself. An 8-GPU node's account asks twice
+    per GPU.
     """
     bounds = [count for index, count in others.items() if index != gpu]
+    if not bounds:
+        return (unlocated,) * (own + 1)
     result = []
     most = 0
     for j in range(own + 1):
         below = own - j - 1  # level = more - 1 + (own - j)
         most = min(max(most, least[j] if j < len(least) else 0), unlocated)
-        while most < unlocated:
-            more = most + 1
+        low, high = most, unlocated  # ``low`` stands; the most is in low..high
+        while low < high:
+            more = (low + high + 1) // 2
             level = more + below
             short = sum(level - count for count in bounds if count < level)
             if more + max(0, short - anywhere) > unlocated:
-                break
-            most = more
+                high = more - 1
+            else:
+                low = more
+        most = low
         result.append(most)
     return tuple(result)

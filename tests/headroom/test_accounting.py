@@ -8,11 +8,18 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from headroom.accounting import NO_GPU_HEADROOM, NodeAccount, account_node
+from headroom.accounting import (
+    NO_GPU_HEADROOM,
+    History,
+    NodeAccount,
+    _spread,
+    account_node,
+)
 from headroom.claims import PodClaim
 from headroom.nodes import MigSlices, NodeGPUs
 from headroom.placement import fit
 from headroom.reports import Condition, GPUUsage, PodUsage, ReportStatus
+from headroom.spread import most_with_gone
 
 GIB = 2**30
 MARGIN = GIB // 2
@@ -435,3 +442,41 @@ def test_memory_pods_hold_in_mig_devices_counts_on_a_gpu_shared_by_slices() -> N
     # A stale report, and the last good one, keep what it was seen to hold too.
     stale = replace(status, observed_at=datetime.fromtimestamp(NOW - 1000, UTC))
     assert not fit(account(node, claims, stale), pod("new", 3)).fits
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    located=st.lists(st.integers(0, 4), min_size=2, max_size=8),
+    numa=st.one_of(st.none(), st.lists(st.integers(0, 2), min_size=8, max_size=8)),
+    unlocated=st.integers(0, 12),
+    left=st.lists(st.one_of(st.none(), st.integers(0, 7)), max_size=6),
+    per_gpu=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_gpus_alike_share_their_bound_as_each_would_work_it_out(
+    located: list[int],
+    numa: list[int] | None,
+    unlocated: int,
+    left: list[int | None],
+    per_gpu: int | None,
+) -> None:
+    # _spread works a GPU's bound out once for the GPUs alike in what it reads (their
+    # group, their own count, their located pods): each is what the GPU's own gives.
+    indices = list(range(len(located)))
+    on = {g: [f"{g}-{k}" for k in range(count)] for g, count in enumerate(located)}
+    groups = None if numa is None else {g: numa[g] for g in indices}
+    departures = tuple((NOW, g if g is None or g < len(indices) else None) for g in left)
+    claims = [pod(f"u{k}", 4, created=NOW - 10) for k in range(unlocated)]
+    limits = _spread(
+        claims, indices, on, History(NOW - 100, departures), NOW, len(indices), groups, per_gpu
+    )
+    assert limits is not None
+    bounds = {h: located[h] + sum(1 for _, at in departures if at == h) for h in indices}
+    anywhere = sum(1 for _, at in departures if at is None)
+    for g in indices:
+        peers = {h: c for h, c in bounds.items() if groups is None or groups[h] == groups[g]}
+        most = most_with_gone(g, unlocated, peers, anywhere, located[g])
+        more = most_with_gone(g, unlocated + 1, peers, anywhere, located[g], least=most)
+        if per_gpu is not None:
+            most = tuple(min(x, max(0, per_gpu - located[g] + j)) for j, x in enumerate(most))
+            more = tuple(min(x, max(0, per_gpu - located[g] + j)) for j, x in enumerate(more))
+        assert (limits.now[g], limits.next[g]) == (most, more)

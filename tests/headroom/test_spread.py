@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.spread import most_on_gpu
+from headroom.spread import most_on_gpu, most_with_gone
 
 
 @dataclass
@@ -149,3 +149,41 @@ def test_a_gpu_with_more_located_pods_gets_no_newcomer() -> None:
     others = dict.fromkeys(range(1, 8), 3)
     assert most_on_gpu(0, 1, others | {0: 4}, own=4) == 0
     assert most_on_gpu(1, 1, others | {0: 4}, own=3) == 1
+
+
+def _one_at_a_time(
+    gpu: int, unlocated: int, others: dict[int, int], anywhere: int, own: int, least: list[int]
+) -> tuple[int, ...]:
+    """most_with_gone as first written: one replica more at a time, while the bound holds."""
+    bounds = [count for index, count in others.items() if index != gpu]
+    result = []
+    most = 0
+    for j in range(own + 1):
+        below = own - j - 1
+        most = min(max(most, least[j] if j < len(least) else 0), unlocated)
+        while most < unlocated:
+            more = most + 1
+            level = more + below
+            short = sum(level - count for count in bounds if count < level)
+            if more + max(0, short - anywhere) > unlocated:
+                break
+            most = more
+        result.append(most)
+    return tuple(result)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    gpu=st.integers(0, 7),
+    unlocated=st.integers(0, 40),
+    others=st.dictionaries(st.integers(0, 7), st.integers(0, 12), max_size=8),
+    anywhere=st.integers(0, 10),
+    own=st.integers(0, 6),
+    least=st.lists(st.integers(0, 45), max_size=8),
+)
+def test_the_search_by_halves_finds_what_one_replica_at_a_time_finds(
+    gpu: int, unlocated: int, others: dict[int, int], anywhere: int, own: int, least: list[int]
+) -> None:
+    assert most_with_gone(gpu, unlocated, others, anywhere, own, least) == _one_at_a_time(
+        gpu, unlocated, others, anywhere, own, least
+    )
