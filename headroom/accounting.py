@@ -429,11 +429,17 @@ def _measured(
             for index, used in where.items():
                 charges.setdefault(index, []).append(_charge(claim, used, used, True))
     nothing: dict[int, int] = {}
-    replicas = {c.uid: c.shared for c in unlocated}
+    cap = _capper(unlocated, limits)
+    plain = _plain_lines(unlocated, seen)
     for index in shared_indices:
-        lines, held = [], []
+        lines: list[PodCharge] = []
+        held: list[PodCharge] = []
         gpu_total = total(index)
         for claim in unlocated:  # the hot loop of an 8-GPU node's account
+            made = plain.get(claim.uid)
+            if made is not None:
+                lines.append(made)
+                continue
             on = seen.get(claim.uid, nothing)
             used = on.get(index, 0)
             if claim.shared == 1 and used:
@@ -444,10 +450,9 @@ def _measured(
             charge = max(_need(claim, node, gpu_total), used)
             observed = used if index in on else None
             lines.append(PodCharge(claim.uid, claim.key, claim.declared, observed, charge, False))
-        capped, growth[index] = _cap(
-            lines, unlocated, limits, index, leavers.get(index, ()), replicas=replicas
-        )
-        charges[index].extend(capped + held)
+        capped, growth[index], _, _ = cap(lines, index, leavers.get(index, ()))
+        charges[index].extend(capped)
+        charges[index].extend(held)
     for gpu in report.gpus:
         for usage in _holders(gpu):
             if usage.uid not in known:
@@ -502,6 +507,18 @@ def _deleted_charges(
         elif used:
             lines.append((index, _charge(claim, used, used, True)))
     return lines
+
+
+def _plain_lines(unlocated: list[PodClaim], seen: Container[str]) -> dict[str, PodCharge]:
+    """UID -> the line on every GPU of an unlocated pod the report shows on none (not
+    ``seen``), not legacy: its need, observed nowhere (what :func:`_measured` would make
+    for each GPU). Made once, so that the GPUs whose lines are all such share their
+    capping (:func:`_capper`)."""
+    return {
+        c.uid: PodCharge(c.uid, c.key, c.declared, None, c.need, False)
+        for c in unlocated
+        if not c.legacy and c.uid not in seen
+    }
 
 
 def _holders(gpu: GPUUsage) -> list[PodUsage]:
@@ -739,7 +756,7 @@ def _declared_only(
         else PodCharge(c.uid, c.key, c.declared, None, max(c.need, most_seen.get(c.uid, 0)), False)
         for c in shared
     ]
-    replicas = {c.uid: c.shared for c in shared}
+    cap = _capper(shared, limits)
 
     def gpu_total(index: int) -> int:
         total = node.memory_bytes
@@ -770,17 +787,22 @@ def _declared_only(
                 else line
                 for line in lines
             ]
-        pods, growth = _cap(lines, shared, limits, index, replicas=replicas)
-        pods += [_charge(c, here[c.uid], here[c.uid], True) for c in shared if c.uid in here]
-        pods += stray.get(index, [])
+        pods, growth, declared, charged = cap(lines, index, ())
+        more = []
+        if here:
+            more = [_charge(c, here[c.uid], here[c.uid], True) for c in shared if c.uid in here]
+        more += stray.get(index, [])
         # Foreign processes and pods the cache does not hold stay where they were seen.
-        pods += [
+        more += [
             PodCharge(uid, key, None, held, held, True, False)
             for uid, (key, held) in strangers.get(index, {}).items()
         ]
+        if more:
+            pods += tuple(more)
+            declared += _declared(more)
+            charged += sum(p.charged for p in more)
         spare = unattributed.get(index, 0)
-        declared = _declared(pods)
-        accounted = sum(p.charged for p in pods) + spare
+        accounted = charged + spare
         gpus.append(
             GPUAccount(
                 index,
@@ -791,7 +813,7 @@ def _declared_only(
                 spare,
                 accounted,
                 total - accounted - margin,
-                tuple(pods),
+                pods,
                 room=_room(total - accounted - margin, growth),
             )
         )
@@ -985,6 +1007,40 @@ def refine_groups(
         )
         for index in sorted(groups.keys() | other.keys())
     }
+
+
+Capped = tuple[tuple[PodCharge, ...], list[Variant], int, int]
+"""What :func:`_capper` gives a GPU: its capped lines, their variants, and what they
+declare and are charged in all."""
+
+
+def _capper(
+    unlocated: list[PodClaim], spread: Spread | None
+) -> Callable[[list[PodCharge], int, Iterable[tuple[int, int]]], Capped]:
+    """:func:`_cap` for the GPUs of one account, worked out once for GPUs whose lines
+    are the very same objects, with the same bound and leavers (each located pod's
+    charge and replicas there, as a set: :func:`_least_freed` sorts them): it reads
+    nothing else of a GPU; a deleted pod's lines are not among them. Made once, a pod's
+    line is the same on every GPU where nothing sets it apart (its need; no report
+    shows it), so the GPUs of a node no report locates a pod on are capped once, not
+    once each (8 times the work on an 8-GPU node)."""
+    replicas = {c.uid: c.shared for c in unlocated}
+    kept: dict[Hashable, Capped] = {}
+    alive: list[list[PodCharge]] = []  # the lines kept: no id in a key is reused
+
+    def cap(lines: list[PodCharge], index: int, leavers: Iterable[tuple[int, int]]) -> Capped:
+        bound = None if spread is None else (spread.now.get(index), spread.next.get(index))
+        gone = tuple(sorted(leavers))  # _least_freed reads them sorted
+        key = (tuple(map(id, lines)), bound, gone)
+        answer = kept.get(key)
+        if answer is None:
+            capped, growth = _cap(lines, unlocated, spread, index, gone, replicas=replicas)
+            answer = (tuple(capped), growth, _declared(capped), sum(p.charged for p in capped))
+            kept[key] = answer
+            alive.append(lines)
+        return answer
+
+    return cap
 
 
 def _cap(

@@ -1,17 +1,22 @@
 """GPU memory accounting: max(declared, observed), unattributed, margin, stale reports,
 multi-GPU nodes and MIG slices."""
 
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from headroom import accounting
 from headroom.accounting import (
     NO_GPU_HEADROOM,
     History,
     NodeAccount,
+    PodCharge,
     _spread,
     account_node,
 )
@@ -480,3 +485,203 @@ def test_gpus_alike_share_their_bound_as_each_would_work_it_out(
             most = tuple(min(x, max(0, per_gpu - located[g] + j)) for j, x in enumerate(most))
             more = tuple(min(x, max(0, per_gpu - located[g] + j)) for j, x in enumerate(more))
         assert (limits.now[g], limits.next[g]) == (most, more)
+
+
+def _random_report(
+    rng: random.Random,
+    count: int,
+    claims: list[PodClaim],
+    age: float,
+    seen: float,
+) -> ReportStatus:
+    """A report of ``count`` GPUs (one more now and then) that shows each pod on each GPU
+    with chance ``seen`` (kubelet's allocation or not, memory held or not, replicas
+    counted or not), some pods located: one-replica pods on one GPU, pods of several
+    replicas with every replica counted over one GPU or more (now and then one replica
+    short, or a GPU uncounted), a stranger with a count, unequal totals."""
+    totals = rng.random() < 0.3
+    located = rng.random() < 0.5
+    pods: dict[int, list[PodUsage]] = {index: [] for index in range(count + (rng.random() < 0.05))}
+    for claim in [*claims, PodClaim(uid="stranger", namespace="ns", name="x", shared=2)]:
+        for index in pods:
+            if rng.random() < seen:
+                pods[index].append(
+                    PodUsage(
+                        uid=claim.uid,
+                        used_bytes=rng.choice([0, 1, 5, 9, 20]) * GIB,
+                        allocated=rng.random() < 0.7,
+                        replicas=rng.choice([None, 1, 2]),
+                    )
+                )
+        if not located or claim.shared < 1 or rng.random() < 0.4:
+            continue
+        where: dict[int, int] = {}
+        for _ in range(claim.shared - (rng.random() < 0.05)):
+            index = rng.randrange(count)
+            where[index] = where.get(index, 0) + 1
+        for index, replicas in where.items():
+            counted = claim.shared == 1 or rng.random() > 0.05
+            pods[index].append(
+                PodUsage(
+                    uid=claim.uid,
+                    used_bytes=rng.choice([0, 1, 5]) * GIB,
+                    allocated=True,
+                    replicas=replicas if counted else None,
+                )
+            )
+    gpus = [
+        GPUUsage(
+            index=index,
+            uuid=f"GPU-{index}",
+            total_bytes=(rng.choice([20, 40, 48]) if totals else 40) * GIB,
+            used_bytes=0,
+            free_bytes=0,
+            pods=usages,
+            unattributed_bytes=rng.choice([0, 0, GIB]),
+            error="NVML_ERROR_UNKNOWN" if rng.random() < 0.05 else "",
+        )
+        for index, usages in pods.items()
+    ]
+    return ReportStatus(
+        node_name="gpu-a",
+        backend="simulated",
+        observed_at=datetime.fromtimestamp(NOW - age, UTC),
+        gpus=gpus,
+    )
+
+
+def _cap_every_gpu(
+    unlocated: list[PodClaim], spread: accounting.Spread | None
+) -> Callable[[list[PodCharge], int, Iterable[tuple[int, int]]], accounting.Capped]:
+    """accounting._capper without sharing: each GPU capped on its own."""
+
+    def cap(
+        lines: list[PodCharge], index: int, leavers: Iterable[tuple[int, int]]
+    ) -> accounting.Capped:
+        capped, growth = accounting._cap(lines, unlocated, spread, index, tuple(leavers))
+        return tuple(capped), growth, accounting._declared(capped), sum(p.charged for p in capped)
+
+    return cap
+
+
+def _random_home(rng: random.Random, count: int) -> tuple[int, ...] | None:
+    """Where a deleted pod's replicas were last placed: unknown, its GPUs, or (now and
+    then) a GPU the node does not have."""
+    if rng.random() < 0.3:
+        return None
+    gpus = rng.sample(range(count), rng.randint(1, min(3, count)))
+    if rng.random() < 0.05:
+        gpus.append(count)
+    return tuple(sorted(gpus))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_gpus_capped_together_are_capped_as_each_on_its_own(seed: int) -> None:
+    # An account caps once the GPUs whose lines are the same objects under the same
+    # bound and leavers (accounting._capper), a pod no report shows having one line for
+    # every GPU (accounting._plain_lines): on random nodes (8 GPUs mostly; legacy,
+    # multi-replica, deleted and ended pods; multi-replica pods located by counted
+    # reports, their leavers (charge, replicas) pairs; reports fresh, stale or absent,
+    # unequal totals, pods seen where kubelet did not put them), the same account as
+    # capping each GPU alone.
+    rng = random.Random(seed)
+    count = rng.choice([2, 4, 8, 8, 8])
+    node = a100(count, confirmed=rng.choice([count, count, count, count - 1]))
+    node = replace(
+        node,
+        memory_bytes=rng.choice([40 * GIB, 0]),
+        replicas_per_gpu=rng.choice([None, 2, 4, 8]),
+    )
+    legacy = rng.choice([0.0, 0.0, 0.0, 0.05])
+    deleted = rng.choice([0.0, 0.0, 0.05, 0.2])
+    claims = []
+    for k in range(rng.randint(0, 34)):
+        gone = rng.random() < deleted
+        claims.append(
+            pod(
+                f"p{k}",
+                None if rng.random() < legacy else rng.choice([4, 8, 10, 16]),
+                shared=rng.choice([1] * 8 + [2, 2, 3, 0]),
+                created=NOW - rng.choice([5, 50, 50, 50, 200]),
+                terminated=rng.random() < 0.03,
+                deleted=gone,
+                home=_random_home(rng, count) if gone else None,
+            )
+        )
+    seen = rng.choice([0.0, 0.0, 0.05, 0.15])
+    age = rng.choice([1, 1, 200])
+    status = None if rng.random() < 0.2 else _random_report(rng, count, claims, age, seen)
+    last_good = None if rng.random() < 0.5 else _random_report(rng, count, claims, 300, seen)
+    gpus = [None, 0, 0, 1, rng.randrange(count)]  # a few GPUs left more than the others
+    departures = tuple(
+        sorted(
+            ((NOW - rng.choice([1, 20, 40]), rng.choice(gpus)) for _ in range(rng.randint(0, 8))),
+            key=lambda departure: departure[0],
+        )
+    )
+    arguments: dict[str, Any] = {
+        "now": NOW,
+        "margin": MARGIN,
+        "stale_after": STALE_AFTER,
+        "last_good": last_good,
+        "history": History(NOW - 100, departures),
+        "numa_seen": None if rng.random() < 0.7 else {g: g % 2 for g in range(count)},
+    }
+    together = account_node(node, claims, status, **arguments)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accounting, "_capper", _cap_every_gpu)
+        patch.setattr(accounting, "_plain_lines", lambda unlocated, seen: {})
+        alone = account_node(node, claims, status, **arguments)
+    assert together == alone
+
+
+@pytest.mark.parametrize("unlocated", [3, 7, 8])
+def test_gpus_whose_leavers_free_alike_charges_by_unlike_replicas_are_capped_apart(
+    unlocated: int,
+) -> None:
+    # GPU 0 holds a located pair (10 GiB, 2 replicas) and a single (4 GiB); GPU 1 a
+    # single (10 GiB) and a pair (4 GiB): the same charges, the same located count and
+    # bound, but two replicas gone free 10 GiB on GPU 0 and 4 GiB on GPU 1. The unlocated
+    # pods' lines are the same objects on both (no report shows them): capped together
+    # only if the key keeps each leaver's replicas. With 7 or 8 of them, the GPUs'
+    # accounts differ (60 and 66 GiB; 64 and 66): with 3, not.
+    node = replace(a100(2), replicas_per_gpu=8)
+    located = [
+        pod("a", 10, shared=2, created=NOW - 50),
+        pod("b", 4, created=NOW - 50),
+        pod("c", 10, created=NOW - 50),
+        pod("d", 4, shared=2, created=NOW - 50),
+    ]
+    free = [pod(f"u{k}", 8, created=NOW - 50) for k in range(unlocated)]
+    counts = {0: {"a": 2, "b": 1}, 1: {"c": 1, "d": 2}}
+    status = ReportStatus(
+        node_name="gpu-a",
+        backend="simulated",
+        observed_at=datetime.fromtimestamp(NOW - 1, UTC),
+        gpus=[
+            GPUUsage(
+                index=index,
+                uuid=f"GPU-{index}",
+                total_bytes=40 * GIB,
+                used_bytes=0,
+                free_bytes=0,
+                pods=[
+                    PodUsage(uid=uid, used_bytes=GIB, allocated=True, replicas=n)
+                    for uid, n in on.items()
+                ],
+            )
+            for index, on in counts.items()
+        ],
+    )
+    arguments: dict[str, Any] = {
+        "now": NOW,
+        "margin": MARGIN,
+        "stale_after": STALE_AFTER,
+        "history": History(NOW - 100),
+    }
+    together = account_node(node, located + free, status, **arguments)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accounting, "_capper", _cap_every_gpu)
+        alone = account_node(node, located + free, status, **arguments)
+    assert together == alone
