@@ -7,7 +7,9 @@ is computed when first asked for after an event touched that node, or when the
 report behind it turned stale, and then reused: a filter over N nodes reads N
 cached figures (extender.verdicts), not N accountings. A report that repeats
 the last one's figures (the agent's heartbeat) keeps the account and only
-moves the time it turns stale.
+moves the time it turns stale. An event that changed nothing the account reads
+(a held pod the watch now shows bound there) gets the last one back: it is
+worked out again only where :func:`headroom.accounting.account_key` moved.
 
 A bind *assumes* its pod on the node before it calls the apiserver, so that a
 second bind racing it sees the first pod charged. No timer ends an assumption
@@ -39,6 +41,7 @@ from headroom.accounting import (
     FUTURE_TOLERANCE_SECONDS,
     History,
     NodeAccount,
+    account_key,
     account_node,
     foreign_replicas,
     listed_twice,
@@ -125,6 +128,9 @@ class ClusterState:
         self._assumed_on: dict[str, dict[str, PodClaim]] = {}
         """Node -> UID -> claim held there: ``assumed`` by node, for :meth:`claims_on`."""
         self._accounts: dict[str, NodeAccount] = {}
+        self._worked_out: dict[str, tuple[tuple[object, ...], NodeAccount]] = {}
+        """Node -> (:func:`account_key`, account) of its last account worked out from the
+        cache as it is: an event that changed nothing it reads gets the same back."""
         self._trials: dict[str, dict[Hashable, Fit]] = {}
         """Node -> a pending multi-replica pod's shape -> :meth:`fit`'s trial answer,
         dropped with the node's account."""
@@ -419,17 +425,29 @@ class ClusterState:
             claims = (c for c in claims if c.uid not in skip)
         if more:
             claims = [*claims, *more]
-        return account_node(
-            node,
-            claims,
-            _without(self.reports.get(name), gone),
-            now=self.clock() if now is None else now,
-            margin=self.margin,
-            stale_after=self.stale_after,
-            last_good=_without(self.last_good.get(name), gone),
-            history=self._history_after(name, gone, horizon),
-            numa_seen=self._numa_seen.get(name),
-        )
+        arguments: dict[str, Any] = {
+            "node": node,
+            "claims": tuple(claims),
+            "report": _without(self.reports.get(name), gone),
+            "now": self.clock() if now is None else now,
+            "margin": self.margin,
+            "stale_after": self.stale_after,
+            "last_good": _without(self.last_good.get(name), gone),
+            "history": self._history_after(name, gone, horizon),
+            "numa_seen": self._numa_seen.get(name),
+        }
+        if skip or gone or more or horizon:
+            return account_node(**arguments)  # a what-if: not kept
+        # The node as the cache holds it. Many events that touch it change nothing its
+        # account reads -- in a storm, each held pod the watch then shows bound there --
+        # and an 8-GPU node's account is the dearest thing a filter or bind works out.
+        key = account_key(**arguments)
+        kept = self._worked_out.get(name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        account = account_node(**arguments)
+        self._worked_out[name] = (key, account)
+        return account
 
     def _history_after(
         self, name: str, gone: Collection[str], horizon: float = 0.0
@@ -979,6 +997,7 @@ class ClusterState:
             self._offered.pop(node, None)
             self._replicas_cut.pop(node, None)
             self._numa_seen.pop(node, None)
+            self._worked_out.pop(node, None)
         self._dirty.add(node)
         self._accounts.pop(node, None)
         self._ahead_accounts.pop(node, None)

@@ -288,6 +288,42 @@ def account_node(
     )
 
 
+def account_key(
+    node: NodeGPUs,
+    claims: Iterable[PodClaim],
+    report: ReportStatus | None,
+    *,
+    now: float,
+    margin: int,
+    stale_after: float,
+    last_good: ReportStatus | None = None,
+    history: History | None = None,
+    numa_seen: Mapping[int, Hashable] | None = None,
+) -> tuple[object, ...]:
+    """What :func:`account_node` answers from, with ``now`` only by what it decides:
+    two calls with equal keys return equal accounts, so one worked out for either
+    stands for both (extender.state keeps each node's last).
+
+    ``now`` decides three things: the report's freshness (the note says its age),
+    which pods the history covers (``created`` before ``since``, or unknown: charged
+    on every GPU, :func:`_spread`), and on a node with no unlocated pod, which
+    departures count (those of the last FUTURE_TOLERANCE_SECONDS). The last two are
+    kept as counts: of two such sets for the same claims or departures, one holds
+    the other, so equal counts are equal sets.
+    """
+    claims = tuple(claims)
+    spread: tuple[object, ...] | None = None
+    if history is not None:
+        since, recent = history.since, now - FUTURE_TOLERANCE_SECONDS
+        spread = (
+            history.departures,
+            sum(1 for c in claims if c.created is None or c.created < since),
+            sum(1 for at, _ in history.departures if at >= recent),
+        )
+    freshness = _freshness(report, now=now, stale_after=stale_after)
+    return (node, claims, report, last_good, numa_seen, margin, stale_after, freshness, spread)
+
+
 DEFAULT_MARGIN_BYTES = 512 * 2**20
 """GPU memory kept free on every GPU unless the extender is told otherwise."""
 DEFAULT_STALE_AFTER_SECONDS = 90.0

@@ -34,11 +34,12 @@ of one to three replicas arrive; the agent's counts locate those of several.
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
-from extender.state import ClusterState
-from headroom.accounting import NodeAccount, account_node
+from extender.state import HISTORY_SECONDS, ClusterState
+from headroom.accounting import History, NodeAccount, account_key, account_node
 from headroom.claims import DEFAULT_GRACE_SECONDS, parse_claim
 from headroom.placement import fit
 from headroom.reports import GPUUsage, PodUsage, ReportStatus, report_object
@@ -354,11 +355,16 @@ class Storm:
                     assert fit(account, claim).fits, f"{node.name} {need / GIB}Gi"
 
 
-@pytest.mark.parametrize(
+WORLDS = pytest.mark.parametrize(
     ("lag", "numa", "force"),
     [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
     ids=["strict", "lag", "lag-numa", "lag-force"],
 )
+"""Every world of the model: kubelet freeing replicas late or not, NUMA, force-deletions;
+pods of one to three replicas in each."""
+
+
+@WORLDS
 def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(
     lag: bool, numa: bool, force: bool
 ) -> None:
@@ -371,3 +377,92 @@ def test_no_storm_over_commits_a_gpu_or_charges_less_than_it_holds(
             except AssertionError as failure:
                 trail = "\n".join(storm.log[-30:])
                 raise AssertionError(f"seed {seed}: {failure}\n{trail}") from None
+
+
+def inputs_at(state: ClusterState, name: str, at: float) -> dict[str, Any]:
+    """What the state passes :func:`account_node` for the node, were the clock at ``at``."""
+    since = max(state.watching_since, at - HISTORY_SECONDS)
+    departures = tuple(d for d in state.departures.get(name, ()) if d[0] >= since)
+    return {
+        "node": state.nodes[name],
+        "claims": list(state.claims_on(name)),
+        "report": state.reports.get(name),
+        "now": at,
+        "margin": state.margin,
+        "stale_after": state.stale_after,
+        "last_good": state.last_good.get(name),
+        "history": History(since, departures),
+        "numa_seen": state._numa_seen.get(name),
+    }
+
+
+@WORLDS
+def test_accounts_whose_keys_are_equal_are_equal(lag: bool, numa: bool, force: bool) -> None:
+    # account_key leaves ``now`` out but for what it decides: the report's freshness
+    # (90 s here), which pods the history covers (600 s, or since the pod watch's last
+    # list), and which departures count on a node with no unlocated pod (30 s). Keys
+    # a moment and a while apart: where equal, so are the accounts.
+    equal = differ = 0
+    for seed in range(SEEDS):
+        storm = Storm(seed, lag, numa, force)
+        for step in range(STEPS):
+            storm.step()
+            state = storm.state
+            if step % 40 == 39:
+                state.on_pod_resync()  # the history starts again now
+            for name in storm.nodes:
+                now = state.clock()
+                first = inputs_at(state, name, now)
+                for later in (now + 0.5, now + 20, now + 31, now + 95, now + 601):
+                    second = inputs_at(state, name, later)
+                    if account_key(**first) != account_key(**second):
+                        differ += 1
+                        continue
+                    equal += 1
+                    assert account_node(**first) == account_node(**second), (
+                        f"seed {seed}: {name} at {now} and {later}"
+                    )
+    assert equal > SEEDS * STEPS
+    assert differ > SEEDS * STEPS
+
+
+def worked_out_afresh(state: ClusterState, name: str) -> NodeAccount:
+    """:func:`account_node` over exactly what the state passes it for the node now."""
+    return account_node(
+        state.nodes[name],
+        list(state.claims_on(name)),
+        state.reports.get(name),
+        now=state.clock(),
+        margin=state.margin,
+        stale_after=state.stale_after,
+        last_good=state.last_good.get(name),
+        history=state.history(name),
+        numa_seen=state._numa_seen.get(name),
+    )
+
+
+@WORLDS
+def test_an_account_kept_for_unchanged_inputs_is_the_one_worked_out_afresh(
+    lag: bool, numa: bool, force: bool
+) -> None:
+    # The state hands back a node's last account when nothing it reads has changed
+    # (extender.state ClusterState._work_out, headroom.accounting.account_key): after
+    # every step, with the cached accounts dropped, what it hands back is exactly what
+    # account_node works out now, time passing included (stale reports, the history's
+    # start, departures ageing out of the window of a node with no unlocated pod).
+    kept = 0
+    for seed in range(SEEDS):
+        storm = Storm(seed, lag, numa, force)
+        last: dict[str, NodeAccount] = {}
+        for _ in range(STEPS):
+            storm.step()
+            state = storm.state
+            if storm.rng.random() < 0.05:
+                state.on_pod_resync()  # the history starts again now
+            state.on_resync()  # every account worked out again, or handed back
+            for name in storm.nodes:
+                account = state.account(name)
+                assert account == worked_out_afresh(state, name), f"seed {seed}: {name}"
+                kept += account is last.get(name)
+                last[name] = account
+    assert kept > SEEDS * STEPS  # the accounts were handed back, not only worked out

@@ -18,6 +18,7 @@ from headroom.accounting import (
     NodeAccount,
     PodCharge,
     _spread,
+    account_key,
     account_node,
 )
 from headroom.claims import PodClaim
@@ -685,3 +686,75 @@ def test_gpus_whose_leavers_free_alike_charges_by_unlike_replicas_are_capped_apa
         patch.setattr(accounting, "_capper", _cap_every_gpu)
         alone = account_node(node, located + free, status, **arguments)
     assert together == alone
+
+
+def _two_gpus(**changes: Any) -> dict[str, Any]:
+    """account_node's arguments: pod ``a`` located on GPU 0, ``b`` (created 50 s ago) not
+    located, and a pod that left GPU 1 10 s ago."""
+    arguments: dict[str, Any] = {
+        "node": a100(2, confirmed=2),
+        "claims": [pod("a", 8), pod("b", 8, created=NOW - 50)],
+        "report": report({0: {"a": 1}, 1: {}}, allocated={0: {"a"}}),
+        "now": NOW,
+        "margin": MARGIN,
+        "stale_after": STALE_AFTER,
+        "history": History(NOW - 100, ((NOW - 10, 1),)),
+    }
+    return {**arguments, **changes}
+
+
+def _pair_counted(replicas: int) -> ReportStatus:
+    """A fresh report of two GPUs: pod ``a`` allocated GPU 0, ``replicas`` of it counted."""
+    counted = report({0: {}, 1: {}})
+    usage = PodUsage(uid="a", used_bytes=GIB, allocated=True, replicas=replicas)
+    return replace(counted, gpus=[replace(counted.gpus[0], pods=[usage]), counted.gpus[1]])
+
+
+_PAIR = pod("a", 8, shared=2)
+_GONE = pod("b", 8, created=NOW - 50, deleted=True)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # On a node with no unlocated pod, a departure counts for a newcomer while it is
+        # FUTURE_TOLERANCE_SECONDS old: then the newcomer may land on GPU 0.
+        ({"claims": [pod("a", 8)]}, {"claims": [pod("a", 8)], "now": NOW + 25}),
+        # A stale report's note says its age.
+        ({"now": NOW + 100}, {"now": NOW + 120}),
+        # The history no longer covers b: charged on both GPUs.
+        ({}, {"history": History(NOW - 40, ((NOW - 10, 1),))}),
+        ({}, {"numa_seen": {0: 0, 1: 1}}),  # GPU 1 on another NUMA node bounds nothing
+        ({}, {"margin": 2 * MARGIN}),
+        ({}, {"stale_after": 0.5}),
+        (
+            {"report": None},
+            {"report": None, "last_good": report({1: {"b": 20}})},
+        ),
+        # b force-deleted: charged in full on every GPU, outside the bound.
+        ({}, {"claims": [pod("a", 8), _GONE]}),
+        # Where it was last placed: charged in full there, not on the other GPU.
+        (
+            {"claims": [pod("a", 8), replace(_GONE, home=(0,))]},
+            {"claims": [pod("a", 8), replace(_GONE, home=(1,))]},
+        ),
+        # The pair's two replicas counted on GPU 0: located there; one of two: not.
+        (
+            {"claims": [_PAIR, pod("b", 8, created=NOW - 50)], "report": _pair_counted(2)},
+            {"claims": [_PAIR, pod("b", 8, created=NOW - 50)], "report": _pair_counted(1)},
+        ),
+    ],
+    ids=[
+        *("departure-window", "stale-age", "history-start", "numa", "margin", "stale"),
+        *("last-good", "deleted", "home", "replicas"),
+    ],
+)
+def test_what_changes_an_account_changes_its_key(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    # The extender hands back a node's last account while account_key stays the same
+    # (extender.state): whatever changes the account must change the key.
+    one, other = _two_gpus(**first), _two_gpus(**second)
+    assert account_node(**one) != account_node(**other)
+    assert account_key(**one) != account_key(**other)
+    assert account_key(**one) == account_key(**_two_gpus(**first))
