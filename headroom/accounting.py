@@ -466,7 +466,7 @@ def _measured(
                 charges.setdefault(index, []).append(_charge(claim, used, used, True))
     nothing: dict[int, int] = {}
     cap = _capper(unlocated, limits)
-    plain = _plain_lines(unlocated, seen)
+    plain = _plain_lines(unlocated, seen) if limits is not None else {}
     for index in shared_indices:
         lines: list[PodCharge] = []
         held: list[PodCharge] = []
@@ -1060,12 +1060,14 @@ def _capper(
     line is the same on every GPU where nothing sets it apart (its need; no report
     shows it), so the GPUs of a node no report locates a pod on are capped once, not
     once each (8 times the work on an 8-GPU node)."""
+    if spread is None:
+        return _uncapped  # every line in full (a node of one GPU): nothing to share
     replicas = {c.uid: c.shared for c in unlocated}
     kept: dict[Hashable, Capped] = {}
     alive: list[list[PodCharge]] = []  # the lines kept: no id in a key is reused
 
     def cap(lines: list[PodCharge], index: int, leavers: Iterable[tuple[int, int]]) -> Capped:
-        bound = None if spread is None else (spread.now.get(index), spread.next.get(index))
+        bound = (spread.now.get(index), spread.next.get(index))
         gone = tuple(sorted(leavers))  # _least_freed reads them sorted
         key = (tuple(map(id, lines)), bound, gone)
         answer = kept.get(key)
@@ -1077,6 +1079,11 @@ def _capper(
         return answer
 
     return cap
+
+
+def _uncapped(lines: list[PodCharge], index: int, leavers: Iterable[tuple[int, int]]) -> Capped:
+    """:func:`_cap` with no bound (``spread`` None): every line in full."""
+    return tuple(lines), list(UNCHANGED), _declared(lines), sum(p.charged for p in lines)
 
 
 def _cap(
