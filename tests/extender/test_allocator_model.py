@@ -176,7 +176,9 @@ def iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
 
 
-def fresh(state: ClusterState, name: str) -> NodeAccount:
+def fresh(state: ClusterState, name: str, *, numa: bool = False) -> NodeAccount:
+    """:func:`account_node` over what the state holds for the node now; with ``numa``,
+    exactly what the state passes it (the NUMA topology its reports showed included)."""
     return account_node(
         state.nodes[name],
         list(state.claims_on(name)),
@@ -186,6 +188,7 @@ def fresh(state: ClusterState, name: str) -> NodeAccount:
         stale_after=state.stale_after,
         last_good=state.last_good.get(name),
         history=state.history(name),
+        numa_seen=state._numa_seen.get(name) if numa else None,
     )
 
 
@@ -426,21 +429,6 @@ def test_accounts_whose_keys_are_equal_are_equal(lag: bool, numa: bool, force: b
     assert differ > SEEDS * STEPS
 
 
-def worked_out_afresh(state: ClusterState, name: str) -> NodeAccount:
-    """:func:`account_node` over exactly what the state passes it for the node now."""
-    return account_node(
-        state.nodes[name],
-        list(state.claims_on(name)),
-        state.reports.get(name),
-        now=state.clock(),
-        margin=state.margin,
-        stale_after=state.stale_after,
-        last_good=state.last_good.get(name),
-        history=state.history(name),
-        numa_seen=state._numa_seen.get(name),
-    )
-
-
 @WORLDS
 def test_an_account_kept_for_unchanged_inputs_is_the_one_worked_out_afresh(
     lag: bool, numa: bool, force: bool
@@ -462,7 +450,7 @@ def test_an_account_kept_for_unchanged_inputs_is_the_one_worked_out_afresh(
             state.on_resync()  # every account worked out again, or handed back
             for name in storm.nodes:
                 account = state.account(name)
-                assert account == worked_out_afresh(state, name), f"seed {seed}: {name}"
+                assert account == fresh(state, name, numa=True), f"seed {seed}: {name}"
                 kept += account is last.get(name)
                 last[name] = account
     assert kept > SEEDS * STEPS  # the accounts were handed back, not only worked out
