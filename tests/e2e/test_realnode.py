@@ -410,6 +410,62 @@ def test_gpu_pod_admitted_scheduled_allocated_and_located(in_cluster: Cluster) -
         kubectl("delete", "namespace", namespace, "--timeout=90s", check=False, timeout=120)
 
 
+def test_a_pod_of_two_replicas_is_reported_holding_both(in_cluster: Cluster) -> None:
+    """A pod whose two containers each ask for a shared GPU holds two replicas:
+    kubelet allocates one per container from the device plugin, PodResources lists
+    both IDs (``GPU-<uuid>::<n>``), and the agent reports the pod once on that GPU
+    with ``replicas: 2``, the count the extender locates a pod of several replicas
+    by (agent.allocations.replicas_by_gpu; unit-tested on plain data, here through
+    a real kubelet)."""
+    kubectl = in_cluster.kubectl
+    namespace = "tenant-pair"
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, "headroom.dev/policy=gpu-shared")
+    try:
+        pod = _gpu_pod("pair", "2Gi")
+        main = pod["spec"]["containers"][0]
+        pod["spec"]["containers"].append({**main, "name": "helper"})
+        kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(pod))
+        created = in_cluster.kubectl_json("get", "pod", "pair", "-n", namespace)
+        shared = [
+            c["resources"]["limits"].get("nvidia.com/gpu.shared")
+            for c in created["spec"]["containers"]
+        ]
+        assert shared == ["1", "1"]
+
+        def running() -> bool:
+            current = in_cluster.kubectl_json("get", "pod", "pair", "-n", namespace)
+            return bool(current["status"].get("phase") == "Running")
+
+        wait_until("the two-replica pod to run on the real node", running, timeout=90)
+        uid = created["metadata"]["uid"]
+        gpu = simulated_gpu_uuid(realnode.NODE_NAME, 0)
+
+        def entries() -> list[dict[str, Any]]:
+            report = in_cluster.kubectl_json("get", "gpunodereport", realnode.NODE_NAME)
+            return [
+                dict(entry, gpu=usage["uuid"])
+                for usage in report["status"].get("gpus", [])
+                for entry in usage.get("pods", [])
+                if entry["uid"] == uid
+            ]
+
+        wait_until(
+            "the report to count the pod's replicas",
+            lambda: any(e.get("replicas") for e in entries()),
+            timeout=60,
+        )
+        listed = entries()
+        assert len(listed) == 1, listed  # one GPU on this node: both replicas on it
+        entry = listed[0]
+        assert entry["gpu"] == gpu
+        assert entry["allocated"] is True
+        assert entry["replicas"] == 2, entry
+    finally:
+        # Gone before the next test counts the node's replicas.
+        kubectl("delete", "namespace", namespace, "--timeout=90s", check=False, timeout=120)
+
+
 def test_kubelet_refuses_a_pod_beyond_capacity_even_with_nodename(in_cluster: Cluster) -> None:
     """A preset nodeName skips every scheduler (and the exempt namespace skips
     Headroom's admission): kubelet's own admission still counts the device plugin's
