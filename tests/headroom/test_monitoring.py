@@ -20,11 +20,12 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from agent.server import AgentMetrics
-from devcluster.binaries import bin_dir
+from devcluster.binaries import BUILD_SCRIPT, bin_dir
 from extender.server import Metrics as ExtenderMetrics
 from extender.state import ClusterState
 from extender.verbs import Extender
 from serving.site import ConnectionMetrics
+from tests.e2e.outcomes import skip_or_fail
 from webhook.metrics import WebhookMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,6 +211,44 @@ def test_the_webhook_scrape_verifies_the_serving_certificate() -> None:
 def _kubectl() -> str | None:
     built = bin_dir() / "kubectl"
     return str(built) if os.access(built, os.X_OK) else shutil.which("kubectl")
+
+
+def _rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
+    """Prometheus's own rule parser on ``path`` (tests/e2e/controlplane/prometheus)."""
+    tool = bin_dir() / "rulecheck"
+    if not os.access(tool, os.X_OK):
+        skip_or_fail(f"rulecheck is not built: run {BUILD_SCRIPT} (or `make controlplane`)")
+    return subprocess.run([str(tool), str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_rules_pass_prometheus_own_check(tmp_path: Path) -> None:
+    # What the Prometheus Operator hands Prometheus is the PrometheusRule's groups:
+    # Prometheus parses them as `promtool check rules` does, and a rule file that
+    # fails is not loaded at all, every alert of it silently gone.
+    (rule,) = documents("prometheusrule.yaml")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    result = _rulecheck(path)
+    assert result.returncode == 0, result.stderr
+    groups = rule["spec"]["groups"]
+    rules = sum(len(group["rules"]) for group in groups)
+    assert result.stdout.strip() == f"{path}: {rules} rules in {len(groups)} groups"
+
+
+def test_the_rule_check_refuses_what_prometheus_would(tmp_path: Path) -> None:
+    # The check is not a formality: a type error PromQL's parser alone catches, and a
+    # template that would fail only when the alert fires.
+    path = tmp_path / "bad.yaml"
+    bad = {
+        "alert": "Broken",
+        "expr": "rate(headroom_extender_requests_total) > 0",
+        "annotations": {"summary": "{{ $labels.pod "},
+    }
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [bad]}]}))
+    result = _rulecheck(path)
+    assert result.returncode == 1
+    assert 'expected type range vector in call to function "rate"' in result.stderr
+    assert 'annotation "summary"' in result.stderr
 
 
 def test_the_component_renders_onto_the_base(tmp_path: Path) -> None:

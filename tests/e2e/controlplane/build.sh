@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real control plane Headroom's e2e tests and demo run against:
 # kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd from
-# the pinned Kubernetes release, and kwok/kwokctl. Binaries go to a cache
+# the pinned Kubernetes release, kwok/kwokctl, and rulecheck (Prometheus's rule
+# parser: tests/headroom/test_monitoring.py checks the PrometheusRule with it, as
+# `promtool check rules` would). Binaries go to a cache
 # outside the repository, keyed by version, and are never rebuilt when present.
 #
 #   tests/e2e/controlplane/build.sh            # prints the bin directory last
@@ -26,6 +28,10 @@ kwok_tools=(
   "kwokctl sigs.k8s.io/kwok/cmd/kwokctl"
 )
 
+prometheus_tools=(
+  "rulecheck headroom.dev/controlplane/prometheus/rulecheck"
+)
+
 log_tag=controlplane
 # shellcheck source=lib.sh
 source "$here/lib.sh"
@@ -36,5 +42,6 @@ total=$SECONDS
 log "Kubernetes $k8s_version, KWOK $kwok_version -> $bin"
 build "$here/k8s" "$bin" "$(k8s_stamp "$k8s_version")" "${k8s_tools[@]}"
 build "$here/kwok" "$bin" "" "${kwok_tools[@]}"
+build "$here/prometheus" "$bin" "" "${prometheus_tools[@]}"
 log "ready in $((SECONDS - total))s"
 echo "$bin"
