@@ -7,6 +7,7 @@ them: rename a metric, or one of its labels, and this fails.
 """
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -213,12 +214,13 @@ def _kubectl() -> str | None:
     return str(built) if os.access(built, os.X_OK) else shutil.which("kubectl")
 
 
-def _rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
-    """Prometheus's own rule parser on ``path`` (tests/e2e/controlplane/prometheus)."""
+def _rulecheck(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """Prometheus's own rule parser and engine (tests/e2e/controlplane/prometheus)."""
     tool = bin_dir() / "rulecheck"
     if not os.access(tool, os.X_OK):
         skip_or_fail(f"rulecheck is not built: run {BUILD_SCRIPT} (or `make controlplane`)")
-    return subprocess.run([str(tool), str(path)], capture_output=True, text=True, timeout=60)
+    argv = [str(tool), *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 def test_the_rules_pass_prometheus_own_check(tmp_path: Path) -> None:
@@ -249,6 +251,139 @@ def test_the_rule_check_refuses_what_prometheus_would(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert 'expected type range vector in call to function "rate"' in result.stderr
     assert 'annotation "summary"' in result.stderr
+
+
+HEALTHY = {
+    # Every series an alert reads, as a healthy cluster exports it (one sample a
+    # minute for three hours, in promtool's notation): two webhook replicas' worth,
+    # one extender answering and its standby, one node's agent.
+    'headroom_webhook_open_connections{pod="w"}': "2x180",
+    'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "7776000x180",
+    'headroom_webhook_invalid_policies{pod="w"}': "0x180",
+    'headroom_extender_answering{pod="s1"}': "1x180",
+    'headroom_extender_answering{pod="s2"}': "0x180",
+    'headroom_extender_requests_total{verb="filter",outcome="ok"}': "0+60x180",
+    'headroom_extender_requests_total{verb="filter",outcome="error"}': "0x180",
+    'headroom_extender_requests_total{verb="bind",outcome="ok"}': "0+60x180",
+    'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0+5x180",
+    'headroom_extender_gpu_nodes_unmeasured{reason="stale"}': "0x180",
+    'headroom_agent_probe_available{node="n1"}': "1x180",
+    'headroom_agent_gpus_unread{node="n1"}': "0x180",
+    'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x180",
+    'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x180",
+}
+
+
+def _firing(tmp_path: Path, changes: dict[str, str], *at: str) -> list[set[str]]:
+    """The alerts firing at each of ``at`` (minutes into the healthy series with
+    ``changes``: series given new values, fewer of them for a series gone), by Prometheus's
+    engine and alerting rules evaluating every minute from 0 (rulecheck -eval)."""
+    (rule,) = documents("prometheusrule.yaml")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    series = {**HEALTHY, **changes}
+    scenario = {
+        "interval": "1m",
+        "series": [{"series": k, "values": v} for k, v in series.items()],
+        "at": list(at),
+    }
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    result = _rulecheck("-eval", path, rules)
+    assert result.returncode == 0, result.stderr
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["at"] for a in answers] == list(at)
+    return [{f["alert"] for f in a["firing"]} for a in answers]
+
+
+def test_a_healthy_cluster_fires_no_alert(tmp_path: Path) -> None:
+    assert _firing(tmp_path, {}, "30m", "3h") == [set(), set()]
+
+
+# One fault each: (changed series, a time before the alert's `for:` has run, a time
+# after), and what fires then: that alert, and only those its fault implies.
+FAULTS = {
+    "HeadroomWebhookCertificateExpiring": (
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "864000x180"},
+        "59m", "61m", {"HeadroomWebhookCertificateExpiring"},
+    ),
+    "HeadroomWebhookCertificateExpiresSoon": (
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "172800x180"},
+        "9m", "11m", {"HeadroomWebhookCertificateExpiresSoon"},
+    ),
+    "HeadroomWebhookNotScraped": (
+        # Its last scrape at 10m: the series goes stale 5 minutes later.
+        {'headroom_webhook_open_connections{pod="w"}': "2x10"},
+        "19m", "21m", {"HeadroomWebhookNotScraped"},
+    ),
+    "HeadroomWebhookInvalidPolicy": (
+        {'headroom_webhook_invalid_policies{pod="w"}': "0x9 1x170"},
+        "14m", "16m", {"HeadroomWebhookInvalidPolicy"},
+    ),
+    "HeadroomExtenderNotAnswering": (
+        {'headroom_extender_answering{pod="s1"}': "1x9 0x170"},
+        "14m", "16m", {"HeadroomExtenderNotAnswering"},
+    ),
+    "HeadroomExtenderNotAnswering, no extender scraped": (
+        {
+            'headroom_extender_answering{pod="s1"}': "1x10",
+            'headroom_extender_answering{pod="s2"}': "0x10",
+        },
+        "19m", "21m", {"HeadroomExtenderNotAnswering"},
+    ),
+    "HeadroomExtenderErrors": (
+        {'headroom_extender_requests_total{verb="filter",outcome="error"}': "0x9 1+1x170"},
+        "19m", "22m", {"HeadroomExtenderErrors"},
+    ),
+    "HeadroomExtenderBindsRefused": (
+        {'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0x29 0+30x150"},
+        "44m", "60m", {"HeadroomExtenderBindsRefused"},
+    ),
+    "HeadroomGPUNodesUnmeasured": (
+        {'headroom_extender_gpu_nodes_unmeasured{reason="stale"}': "0x9 2x170"},
+        "14m", "16m", {"HeadroomGPUNodesUnmeasured"},
+    ),
+    "HeadroomAgentNVMLUnavailable": (
+        {'headroom_agent_probe_available{node="n1"}': "1x9 0x170"},
+        "14m", "16m", {"HeadroomAgentNVMLUnavailable"},
+    ),
+    "HeadroomAgentGPUsUnread": (
+        {'headroom_agent_gpus_unread{node="n1"}': "0x9 1x170"},
+        "19m", "21m", {"HeadroomAgentGPUsUnread"},
+    ),
+    "HeadroomGuardEvicted": (
+        {'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x9 1x170"},
+        "10m", "12m", {"HeadroomGuardEvicted"},
+    ),
+    "HeadroomGuardActionsFailing": (
+        {'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x9 1+1x170"},
+        "24m", "26m", {"HeadroomGuardActionsFailing"},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_fires_its_alert_once_its_for_has_run(tmp_path: Path, fault: str) -> None:
+    changes, before, after, fired = FAULTS[fault]
+    assert _firing(tmp_path, changes, before, after) == [set(), fired]
+
+
+def test_every_alert_has_a_fault_that_fires_it() -> None:
+    assert {name.split(",")[0] for name in FAULTS} == {a["alert"] for a in alerts()}
+
+
+def test_the_guard_alerts_end_when_their_window_has_passed(tmp_path: Path) -> None:
+    # One eviction, one failed action at 10m: "evicted in the last hour" is over by
+    # 71m, the failure's 30-minute window by 41m (and 15 minutes of `for:` after 10m).
+    changes = {
+        'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x9 1x170",
+        'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x9 1x170",
+    }
+    assert _firing(tmp_path, changes, "30m", "45m", "75m") == [
+        {"HeadroomGuardEvicted", "HeadroomGuardActionsFailing"},
+        {"HeadroomGuardEvicted"},
+        set(),
+    ]
 
 
 def test_the_component_renders_onto_the_base(tmp_path: Path) -> None:

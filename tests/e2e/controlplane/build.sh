@@ -2,8 +2,8 @@
 # Builds the real control plane Headroom's e2e tests and demo run against:
 # kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd from
 # the pinned Kubernetes release, kwok/kwokctl, and rulecheck (Prometheus's rule
-# parser: tests/headroom/test_monitoring.py checks the PrometheusRule with it, as
-# `promtool check rules` would). Binaries go to a cache
+# parser and engine: tests/headroom/test_monitoring.py checks and evaluates the
+# PrometheusRule with it, as promtool would). Binaries go to a cache
 # outside the repository, keyed by version, and are never rebuilt when present.
 #
 #   tests/e2e/controlplane/build.sh            # prints the bin directory last
