@@ -266,6 +266,11 @@ class ClusterState:
                     # departures seen were from GPUs by their old numbers, now from
                     # any GPU (headroom.spread: never less charged for it).
                     self.departures[name] = deque((at, None) for at, _ in left)
+                if renumbered and (deleted := self.lingering.get(name)):
+                    # So were the GPUs a deleted pod's replicas were placed on when it
+                    # left: it may run on any of them now (charged in full everywhere).
+                    for uid, (until, claim) in deleted.items():
+                        deleted[uid] = (until, replace(claim, home=None))
                 now = self.clock()
                 fresh = measured(report, now=now, stale_after=self.stale_after)
                 if fresh:

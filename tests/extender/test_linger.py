@@ -3,6 +3,7 @@ early by a wall-clock step, kept where a read found the pod, started once, and e
 kubelet's word that its containers stopped."""
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from extender.state import HISTORY_SECONDS, ClusterState
+from headroom.reports import parse_report, report_object
 from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import (
     EPOCH,
@@ -183,3 +185,38 @@ def test_a_force_deleted_pod_kubelet_no_longer_counts_keeps_its_gpu_full(located
     account = state.account("gpu-a")
     assert account is not None
     assert account.gpus[0].accounted >= 39 * GIB
+
+
+def test_a_force_deleted_pods_gpu_is_found_again_once_the_gpus_are_numbered_anew() -> None:
+    # Three 40 GiB GPUs: f (30 GiB) and n (9 GiB) located on GPU 1, m (1 GiB) on GPU 2.
+    # f is force-deleted: it runs out its 600 s grace period on GPU 1, charged in full
+    # there only (PodClaim.home). GPU 0 then falls off the bus and the driver numbers
+    # the rest anew: f and n are on GPU 0 now, m on GPU 1. The agent no longer knows f
+    # (what it holds is unattributed). f's home, kept by the old index, charged it
+    # beside m, and its own GPU n's 9 GiB only: an 8 GiB newcomer fitted (8.5 GiB of
+    # room beside m), and the device plugin, counting one replica on each, may give
+    # it f's GPU: 47 GiB declared on 40.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
+    f, n, m = running("f", "30Gi"), running("n", "9Gi"), running("m", "1Gi")
+    for pod in (f, n, m):
+        state.on_pod("ADDED", pod)
+    f_n = {uid_of(f): MIB, uid_of(n): MIB}
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: f_n, 2: {uid_of(m): MIB}}))
+    clock.now += 5
+    state.on_pod("DELETED", f)  # kubectl delete --force --grace-period=0
+    clock.now += 5
+    later = EPOCH + timedelta(seconds=10)
+    held = {0: {}, 1: {uid_of(n): MIB}, 2: {uid_of(m): MIB}}
+    status = parse_report(gpu_report("gpu-a", held, at=later))
+    _, old1, old2 = status.gpus
+    renumbered = replace(
+        status, gpus=[replace(old1, index=0, unattributed_bytes=MIB), replace(old2, index=1)]
+    )
+    state.on_report("MODIFIED", report_object(renumbered))
+    state.refresh(state.clock())
+    account = state.account("gpu-a")
+    assert account is not None
+    charged = {gpu.index: gpu.accounted for gpu in account.gpus}
+    assert charged[0] >= 39 * GIB, f"f's GPU (now GPU 0) charged {charged[0] / GIB:.3f} GiB"
+    assert admit(state, "8Gi", "a", created=later) == [False]
