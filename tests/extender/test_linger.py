@@ -220,3 +220,32 @@ def test_a_force_deleted_pods_gpu_is_found_again_once_the_gpus_are_numbered_anew
     charged = {gpu.index: gpu.accounted for gpu in account.gpus}
     assert charged[0] >= 39 * GIB, f"f's GPU (now GPU 0) charged {charged[0] / GIB:.3f} GiB"
     assert admit(state, "8Gi", "a", created=later) == [False]
+
+
+def test_a_pod_force_deleted_while_its_bind_is_answered_stays_charged_as_deleted() -> None:
+    # p (30 GiB) is held on gpu-a (three 40 GiB GPUs, none used) and its binding POST
+    # lands; the tenant force-deletes it at once, and the watch delivers the binding
+    # and the deletion before the POST's answer: p lingers, charged in full on every
+    # GPU (no report placed it), its replica no longer one the allocator counts. Then
+    # the answer comes, and the bind charges p there again (ClusterState.hold), as a
+    # pod not deleted: one the allocator counts, unlocated. Until a read finds it gone
+    # (verify_after later), the bound said p and a newcomer cannot share a GPU, and
+    # a 20 GiB newcomer fitted; the device plugin, counting none on any GPU, may give
+    # it p's: 50 GiB declared on 40.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
+    pod = gpu_pod("p", declared="30Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.parse(pod)
+    assert state.assume(claim, "gpu-a").fits
+    state.posting(claim.uid, "gpu-a")
+    bound = gpu_pod("p", node="gpu-a", declared="30Gi")
+    state.on_pod("MODIFIED", bound)  # the binding, stored
+    state.on_pod("DELETED", bound)  # kubectl delete --force --grace-period=0
+    clock.now += 1
+    state.hold(claim, "gpu-a")  # the POST's answer: stored
+    account = state.account("gpu-a")
+    assert account is not None
+    assert all(gpu.accounted >= 30 * GIB for gpu in account.gpus)
+    assert admit(state, "20Gi", "a", created=EPOCH + timedelta(seconds=1)) == [False]
