@@ -8,6 +8,7 @@ it reports; pods leave at any time. At every step, each GPU must hold no more
 unlocated pods than :func:`headroom.spread.most_on_gpu` allows it.
 """
 
+import itertools
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
@@ -187,3 +188,43 @@ def test_the_search_by_halves_finds_what_one_replica_at_a_time_finds(
     assert most_with_gone(gpu, unlocated, others, anywhere, own, least) == _one_at_a_time(
         gpu, unlocated, others, anywhere, own, least
     )
+
+
+def _satisfies(more: int, unlocated: int, bounds: list[int], anywhere: int, own: int) -> bool:
+    """The module's inequality for ``x_g = more``, as its docstring writes it."""
+    short = sum(max(0, more - 1 + own - count) for count in bounds)
+    return more + max(0, short - anywhere) <= unlocated
+
+
+def test_the_search_by_halves_finds_the_most_the_bound_allows_in_every_small_case() -> None:
+    # Not against the search it replaced, but against the inequality itself: for each
+    # j, the largest x_g in 0..unlocated that satisfies it with own - j located, in
+    # every case of up to three other GPUs (or none) of up to three replicas each.
+    # ``least`` as _spread passes it: the answer with one replica fewer, or none.
+    absent = -1
+    cases = 0
+    for counts in itertools.product(range(absent, 4), repeat=3):
+        others = {h + 1: c for h, c in enumerate(counts) if c != absent}
+        bounds = list(others.values())
+        for unlocated, anywhere, own in itertools.product(range(8), range(4), range(4)):
+            expected = tuple(
+                max(
+                    x
+                    for x in range(unlocated + 1)
+                    if _satisfies(x, unlocated, bounds, anywhere, own - j)
+                )
+                if _satisfies(0, unlocated, bounds, anywhere, own - j)
+                else 0
+                for j in range(own + 1)
+            )
+            fewer = most_with_gone(0, max(unlocated - 1, 0), others, anywhere, own)
+            for least in ((), fewer if unlocated else ()):
+                assert most_with_gone(0, unlocated, others, anywhere, own, least) == expected, (
+                    unlocated,
+                    others,
+                    anywhere,
+                    own,
+                    least,
+                )
+                cases += 1
+    assert cases > 10_000
