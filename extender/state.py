@@ -693,20 +693,22 @@ class ClusterState:
 
     def claims_on(self, node: str) -> Iterator[PodClaim]:
         """Pods bound to ``node`` by the cache, then pods assumed there, then deleted pods
-        kubelet may still run there (:meth:`_linger_on`). A pod the watch has shown
-        deleted is charged as deleted, held or not: a bind's answer, or a read sent
-        before the deletion, may hold it again (:meth:`hold`), and as a held pod it
-        would count as a replica the allocator no longer counts."""
+        kubelet may still run there (:meth:`_linger_on`). A pod known deleted is charged
+        as deleted there, whatever older news says: a bind's answer, or a read sent
+        before the deletion, may hold it again (:meth:`hold`), and a watch lagging a
+        read that found it gone may show it bound; as a held or bound pod it would
+        count as a replica the allocator no longer counts."""
         bound = self._on_node.get(node, {})
-        yield from bound.values()
-        assumed = self._assumed_on.get(node, {})
         lingering = self.lingering.get(node, {})
+        for uid, claim in bound.items():
+            if uid not in lingering:
+                yield claim
+        assumed = self._assumed_on.get(node, {})
         for uid, held in assumed.items():
             if uid not in bound and uid not in lingering:
                 yield held
-        for uid, (_, deleted) in lingering.items():
-            if uid not in bound:
-                yield deleted
+        for _, deleted in lingering.values():
+            yield deleted
 
     # --- binding ------------------------------------------------------------
 

@@ -249,3 +249,28 @@ def test_a_pod_force_deleted_while_its_bind_is_answered_stays_charged_as_deleted
     assert account is not None
     assert all(gpu.accounted >= 30 * GIB for gpu in account.gpus)
     assert admit(state, "20Gi", "a", created=EPOCH + timedelta(seconds=1)) == [False]
+
+
+def test_a_pod_read_gone_stays_charged_as_deleted_when_the_lagging_watch_shows_it_bound() -> None:
+    # p (30 GiB) is held on gpu-a (three 40 GiB GPUs, none used); its binding POST
+    # timed out, and it landed. The tenant force-deletes p. The watch lags: the read
+    # that verifies the hold finds p gone (ClusterState.gone): it lingers, charged in
+    # full on every GPU and no replica of the spread bound. Then the watch delivers
+    # the binding: the cache showed p bound there, a pod the allocator counts, and the
+    # lingering charge went unused until the watch delivered the deletion too. The
+    # bound said p and a newcomer cannot share a GPU, and a 20 GiB newcomer fitted.
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
+    pod = gpu_pod("p", declared="30Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.parse(pod)
+    assert state.assume(claim, "gpu-a").fits
+    state.posting(claim.uid, "gpu-a")
+    clock.now += 11
+    state.gone(claim.uid)  # the verifying read: 404
+    state.on_pod("MODIFIED", gpu_pod("p", node="gpu-a", declared="30Gi"))  # lagging
+    account = state.account("gpu-a")
+    assert account is not None
+    assert all(gpu.accounted >= 30 * GIB for gpu in account.gpus)
+    assert admit(state, "20Gi", "a", created=EPOCH + timedelta(seconds=11)) == [False]
