@@ -274,3 +274,30 @@ def test_a_pod_read_gone_stays_charged_as_deleted_when_the_lagging_watch_shows_i
     assert account is not None
     assert all(gpu.accounted >= 30 * GIB for gpu in account.gpus)
     assert admit(state, "20Gi", "a", created=EPOCH + timedelta(seconds=11)) == [False]
+
+
+async def test_the_bind_verb_charges_a_pod_deleted_while_its_post_was_out_as_deleted(
+    harness: Harness,
+) -> None:
+    # As test_a_pod_force_deleted_while_its_bind_is_answered_stays_charged_as_deleted,
+    # through the bind verb: the watch delivers the binding and the forced deletion
+    # while the POST is out, and the verb holds the pod again once it is answered.
+    state = harness.state
+    state.on_node("ADDED", gpu_node("gpu-c", gpus=3, replicas=4))
+    state.on_report("ADDED", gpu_report("gpu-c", {0: {}, 1: {}, 2: {}}))
+    pod = gpu_pod("p", declared="30Gi")
+    state.on_pod("ADDED", pod)
+    post = harness.binder
+
+    async def binder(namespace: str, name: str, uid: str, node: str) -> None:
+        await post(namespace, name, uid, node)
+        bound = gpu_pod("p", node=node, declared="30Gi")
+        state.on_pod("MODIFIED", bound)  # stored, and the watch is quick
+        state.on_pod("DELETED", bound)  # kubectl delete --force --grace-period=0
+
+    harness.extender.binder = binder
+    assert not (await harness.extender.bind(args(pod, "gpu-c"))).Error
+    newcomer = gpu_pod("a", declared="20Gi")
+    newcomer["metadata"]["creationTimestamp"] = "2025-06-01T12:00:01Z"
+    state.on_pod("ADDED", newcomer)
+    assert not state.assume(state.parse(newcomer), "gpu-c").fits
