@@ -48,6 +48,7 @@ from headroom.accounting import (
     measured,
     numa_groups,
     placed,
+    placed_as_read,
     refine_groups,
 )
 from headroom.claims import PodClaim, has_headroom_annotations, parse_claim
@@ -948,16 +949,16 @@ class ClusterState:
         placed them, counts that add up to all its replicas (headroom.accounting.placed),
         or None (any GPU) for each."""
         report = self.reports.get(claim.node)
-        anywhere: list[int | None] = [None] * claim.shared
-        if report is None:
-            return anywhere
-        where = placed(report).get(claim.uid)  # where the accounting placed it
         node = self.nodes.get(claim.node)
-        # Only on GPUs the node has: one a report places beyond them (a bug, a
-        # forgery: the accounting drops such GPUs) would be counted nowhere.
+        anywhere: list[int | None] = [None] * claim.shared
+        if report is None or node is None:
+            return anywhere
+        # Where the accounting would place it: not on a GPU listed twice (two GPUs'
+        # counts under one index), unread, in MIG mode, or beyond the node's GPUs (a
+        # bug, a forgery: the accounting drops such GPUs), where it would count nowhere.
+        where = placed_as_read(node, report).get(claim.uid)
         if (
             where is None
-            or node is None
             or sum(where.values()) != claim.shared
             or any(index >= node.count for index in where)
         ):

@@ -628,6 +628,19 @@ def placed(report: ReportStatus) -> dict[str, dict[int, int]]:
     return found
 
 
+def placed_as_read(node: NodeGPUs, report: ReportStatus) -> dict[str, dict[int, int]]:
+    """:func:`placed`, reading ``report`` as the accounting does (:func:`account_node`):
+    not on a GPU the node's labels rule out (:func:`_believable`), NVML could not read
+    or the report lists twice (:func:`_readable`: which GPU each reading is, is not
+    known, and two GPUs' counts listed under one index add up to a pod's replicas
+    there), nor on a GPU in MIG mode; a pod with a replica on such a GPU is left out.
+    Where a pod leaves from (extender.state), and where a deleted one may run on."""
+    believed, _ = _believable(node, report)
+    readable, _ = _readable(node, believed)
+    shared = {gpu.index for gpu in readable.gpus if not gpu.mig_enabled}
+    return {uid: where for uid, where in placed(readable).items() if where.keys() <= shared}
+
+
 def _placements(report: ReportStatus) -> dict[str, dict[int, int | None]]:
     """Pod UID -> the GPUs kubelet allocated it, with its replicas counted on each (None:
     not counted), where the report lists allocations; else the GPUs it holds memory on,

@@ -119,3 +119,32 @@ def test_a_force_deleted_pair_is_charged_on_each_gpu_it_held() -> None:
     # One of its two counted: it may be anywhere, as before.
     assert force_deleted({6: 1}) == [4] * 8
     assert force_deleted({3: None, 5: None}) == [4] * 8
+
+
+def twice_listed(uid: str) -> Any:
+    """A report that lists index 3 twice (the second is GPU 5, renumbered by a fault)
+    and leaves index 5 out, the pair's replicas on both: which GPU each is is unknown."""
+    report = counted("gpu-a", 8, {3: {uid: 1}, 5: {uid: 1}}, 0)
+    for gpu in report["status"]["gpus"]:
+        if gpu["index"] == 5:
+            gpu["index"] = 3
+    return report
+
+
+def test_a_pair_on_a_gpu_listed_twice_is_placed_nowhere() -> None:
+    # The accounting reads such a GPU as unread (headroom.accounting._readable); its
+    # counts added up would place both replicas on GPU 3, one of which is on GPU 5.
+    state, clock, uid = node_with_a_pair({})
+    state.on_report("MODIFIED", twice_listed(uid))
+    state.on_pod("DELETED", gpu_pod("pair", node="gpu-a", declared="4Gi", shared=2))
+    assert [index for _, index in state.history("gpu-a").departures] == [None, None]
+    # Force-deleted, it may run on GPU 5: charged on every GPU, not on GPU 3 only.
+    state, clock, uid = node_with_a_pair({})
+    state.on_report("MODIFIED", twice_listed(uid))
+    pair = gpu_pod("pair", node="gpu-a", declared="4Gi", shared=2, phase="Running")
+    pair["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    clock.now += 5
+    state.on_pod("DELETED", pair)
+    _, lingering = state.lingering["gpu-a"][uid]
+    assert lingering.home is None
+    assert charges(state, clock, 0)[5] >= 4
