@@ -148,3 +148,21 @@ def test_a_pair_on_a_gpu_listed_twice_is_placed_nowhere() -> None:
     _, lingering = state.lingering["gpu-a"][uid]
     assert lingering.home is None
     assert charges(state, clock, 0)[5] >= 4
+
+
+def test_a_force_deleted_pair_is_charged_everywhere_once_the_gpus_are_numbered_anew() -> None:
+    # The pair, on GPUs 3 and 5, is force-deleted and runs on; then the driver numbers
+    # the GPUs anew (GPU 3 is now index 2). Its home, kept by index, pointed at the
+    # wrong GPU, as the departures did (they then count from any GPU): charged on the
+    # new GPU 3 and not on index 2, where it may hold all 4 GiB.
+    state, clock, _ = node_with_a_pair({3: 1, 5: 1})
+    pair = gpu_pod("pair", node="gpu-a", declared="4Gi", shared=2, phase="Running")
+    pair["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    clock.now += 5
+    state.on_pod("DELETED", pair)
+    assert charges(state, clock, 0) == [0, 0, 0, 4, 0, 4, 0, 0]
+    report = counted("gpu-a", 8, {}, clock.now - EPOCH.timestamp())
+    gpus = report["status"]["gpus"]
+    gpus[2]["uuid"], gpus[3]["uuid"] = gpus[3]["uuid"], gpus[2]["uuid"]
+    state.on_report("MODIFIED", report)
+    assert charges(state, clock, 0) == [4] * 8
