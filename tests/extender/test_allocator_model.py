@@ -6,6 +6,7 @@ bound pods in any order by NVIDIA's ``distributed`` policy (each replica to a
 GPU with the fewest allocated; k8s-device-plugin internal/rm/allocate.go),
 reports are taken, delayed and superseded, count each pod's replicas per GPU (or,
 now and then, come from an agent that does not), NVML fails on a GPU now and then,
+a faulty agent now and then lists one GPU under another's index (and leaves its own out),
 pods use memory, end and are deleted, and time passes. In the ``lag`` world
 kubelet frees a pod's replicas when its containers end, before its report and
 the API show it; in ``strict`` it frees them when the watch shows the pod gone.
@@ -32,7 +33,7 @@ of one to three replicas arrive; the agent's counts locate those of several.
 """
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -163,6 +164,10 @@ class Node:
             else:
                 self.carried[g] = gpu
             gpus.append(gpu)
+        if self.gpus > 2 and rng.random() < 0.03:
+            # An agent fault: one GPU's entry under another's index, its own left out.
+            moved, under = rng.sample(range(self.gpus), 2)
+            gpus = [replace(g, index=under) if g.index == moved else g for g in gpus]
         status = ReportStatus(
             node_name=self.name,
             backend="simulated",
