@@ -266,11 +266,16 @@ HEALTHY = {
     'headroom_extender_requests_total{verb="filter",outcome="error"}': "0x180",
     'headroom_extender_requests_total{verb="bind",outcome="ok"}': "0+60x180",
     'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0+5x180",
-    'headroom_extender_gpu_nodes_unmeasured{reason="stale"}': "0x180",
+    **{
+        f'headroom_extender_gpu_nodes_unmeasured{{reason="{reason}"}}': "0x180"
+        for reason in ("missing", "unknown-schema", "nvml-unavailable", "stale", "gpu-unread")
+    },
     'headroom_agent_probe_available{node="n1"}': "1x180",
     'headroom_agent_gpus_unread{node="n1"}': "0x180",
-    'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x180",
-    'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x180",
+    **{
+        f'headroom_agent_guard_actions_total{{node="n1",kind="{kind}"}}': "0x180"
+        for kind in ("event", "evict", "evict-refused", "delete", "error")
+    },
 }
 
 
@@ -300,72 +305,125 @@ def test_a_healthy_cluster_fires_no_alert(tmp_path: Path) -> None:
     assert _firing(tmp_path, {}, "30m", "3h") == [set(), set()]
 
 
-# One fault each: (changed series, a time before the alert's `for:` has run, a time
-# after), and what fires then: that alert, and only those its fault implies.
+# One fault each: (changed series, the minute before the alert's `for:` has run, the
+# minute it has), and what fires then and at 3h: that alert, and only those its fault implies. The
+# minutes are exact, so a `for:` a minute longer or shorter fails; a fault's values sit
+# near the threshold, and NEAR_MISSES holds the healthy side of each.
 FAULTS = {
     "HeadroomWebhookCertificateExpiring": (
-        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "864000x180"},
-        "59m", "61m", {"HeadroomWebhookCertificateExpiring"},
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "1123200x180"},  # 13 d
+        "59m", "60m", {"HeadroomWebhookCertificateExpiring"},
     ),
     "HeadroomWebhookCertificateExpiresSoon": (
-        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "172800x180"},
-        "9m", "11m", {"HeadroomWebhookCertificateExpiresSoon"},
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "216000x180"},  # 2.5 d
+        "9m", "10m", {"HeadroomWebhookCertificateExpiresSoon"},
     ),
     "HeadroomWebhookNotScraped": (
-        # Its last scrape at 10m: the series goes stale 5 minutes later.
+        # Its last scrape at 10m, the stale marker Prometheus writes when the target
+        # goes or fails to answer at 11m: absent from then on.
+        {'headroom_webhook_open_connections{pod="w"}': "2x10 stale"},
+        "15m", "16m", {"HeadroomWebhookNotScraped"},
+    ),
+    "HeadroomWebhookNotScraped, no stale marker": (
+        # Its last scrape at 10m and no marker (Prometheus itself restarted): the
+        # series is gone once the 5-minute lookback has passed it, at 15m.
         {'headroom_webhook_open_connections{pod="w"}': "2x10"},
-        "19m", "21m", {"HeadroomWebhookNotScraped"},
+        "19m", "20m", {"HeadroomWebhookNotScraped"},
     ),
     "HeadroomWebhookInvalidPolicy": (
         {'headroom_webhook_invalid_policies{pod="w"}': "0x9 1x170"},
-        "14m", "16m", {"HeadroomWebhookInvalidPolicy"},
+        "14m", "15m", {"HeadroomWebhookInvalidPolicy"},
     ),
     "HeadroomExtenderNotAnswering": (
         {'headroom_extender_answering{pod="s1"}': "1x9 0x170"},
-        "14m", "16m", {"HeadroomExtenderNotAnswering"},
+        "14m", "15m", {"HeadroomExtenderNotAnswering"},
     ),
     "HeadroomExtenderNotAnswering, no extender scraped": (
         {
-            'headroom_extender_answering{pod="s1"}': "1x10",
-            'headroom_extender_answering{pod="s2"}': "0x10",
+            'headroom_extender_answering{pod="s1"}': "1x10 stale",
+            'headroom_extender_answering{pod="s2"}': "0x10 stale",
         },
-        "19m", "21m", {"HeadroomExtenderNotAnswering"},
+        "15m", "16m", {"HeadroomExtenderNotAnswering"},
     ),
     "HeadroomExtenderErrors": (
         {'headroom_extender_requests_total{verb="filter",outcome="error"}': "0x9 1+1x170"},
-        "19m", "22m", {"HeadroomExtenderErrors"},
+        "19m", "20m", {"HeadroomExtenderErrors"},
     ),
     "HeadroomExtenderBindsRefused": (
-        {'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0x29 0+30x150"},
-        "44m", "60m", {"HeadroomExtenderBindsRefused"},
+        # From 30m, 24 refused a minute beside 60 bound: over the quarter (0.29) by 43m.
+        {'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0x29 0+24x150"},
+        "57m", "58m", {"HeadroomExtenderBindsRefused"},
     ),
     "HeadroomGPUNodesUnmeasured": (
-        {'headroom_extender_gpu_nodes_unmeasured{reason="stale"}': "0x9 2x170"},
-        "14m", "16m", {"HeadroomGPUNodesUnmeasured"},
+        {'headroom_extender_gpu_nodes_unmeasured{reason="stale"}': "0x9 1x170"},
+        "14m", "15m", {"HeadroomGPUNodesUnmeasured"},
     ),
     "HeadroomAgentNVMLUnavailable": (
-        {'headroom_agent_probe_available{node="n1"}': "1x9 0x170"},
-        "14m", "16m", {"HeadroomAgentNVMLUnavailable"},
+        # As the components export it: the agent marks its GPUs unread too (which
+        # HeadroomAgentGPUsUnread leaves to this alert), the extender the node unmeasured.
+        {
+            'headroom_agent_probe_available{node="n1"}': "1x9 0x170",
+            'headroom_agent_gpus_unread{node="n1"}': "0x9 1x170",
+            'headroom_extender_gpu_nodes_unmeasured{reason="nvml-unavailable"}': "0x9 1x170",
+        },
+        "14m", "15m", {"HeadroomAgentNVMLUnavailable", "HeadroomGPUNodesUnmeasured"},
     ),
     "HeadroomAgentGPUsUnread": (
         {'headroom_agent_gpus_unread{node="n1"}': "0x9 1x170"},
-        "19m", "21m", {"HeadroomAgentGPUsUnread"},
+        "19m", "20m", {"HeadroomAgentGPUsUnread"},
     ),
     "HeadroomGuardEvicted": (
-        {'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x9 1x170"},
-        "10m", "12m", {"HeadroomGuardEvicted"},
+        # One eviction a minute from 10m (one alone: the test after this table).
+        {'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x9 1+1x170"},
+        "10m", "11m", {"HeadroomGuardEvicted"},
     ),
     "HeadroomGuardActionsFailing": (
         {'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x9 1+1x170"},
-        "24m", "26m", {"HeadroomGuardActionsFailing"},
+        "24m", "25m", {"HeadroomGuardActionsFailing"},
     ),
 }  # fmt: skip
+
+
+# What a fault raises too, once a slower `for:` has run: a certificate under 3 days
+# is under 14 (an hour's `for:`).
+LATER = {"HeadroomWebhookCertificateExpiresSoon": {"HeadroomWebhookCertificateExpiring"}}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_fires_its_alert_once_its_for_has_run(tmp_path: Path, fault: str) -> None:
     changes, before, after, fired = FAULTS[fault]
-    assert _firing(tmp_path, changes, before, after) == [set(), fired]
+    # Still the same at 3h: a slower alert the fault should not raise has run its `for:`.
+    later = fired | LATER.get(fault, set())
+    assert _firing(tmp_path, changes, before, after, "3h") == [set(), fired, later]
+
+
+# The healthy side of each threshold, near it: nothing more fires by 3h (what fires,
+# the fault's other alerts). A threshold moved past one of these, or past its fault's
+# values in FAULTS, fails.
+NEAR_MISSES = {
+    "certificate expiring in 15 days": (
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "1296000x180"},
+        set(),
+    ),
+    "certificate expiring in 3.2 days": (
+        {'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "276480x180"},
+        {"HeadroomWebhookCertificateExpiring"},
+    ),
+    "a fifth of binds refused (18 a minute beside 60 bound, 0.23)": (
+        {'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0x29 0+18x150"},
+        set(),
+    ),
+    "errors on another outcome than the alert's": (
+        {'headroom_extender_requests_total{verb="bind",outcome="refused"}': "0+15x180"},
+        set(),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NEAR_MISSES)
+def test_the_healthy_side_of_each_threshold_fires_nothing_more(tmp_path: Path, case: str) -> None:
+    changes, fired = NEAR_MISSES[case]
+    assert _firing(tmp_path, changes, "3h") == [fired]
 
 
 def test_every_alert_has_a_fault_that_fires_it() -> None:
@@ -373,14 +431,17 @@ def test_every_alert_has_a_fault_that_fires_it() -> None:
 
 
 def test_the_guard_alerts_end_when_their_window_has_passed(tmp_path: Path) -> None:
-    # One eviction, one failed action at 10m: "evicted in the last hour" is over by
-    # 71m, the failure's 30-minute window by 41m (and 15 minutes of `for:` after 10m).
+    # One eviction, one failed action at 10m: "evicted in the last hour" holds while the
+    # window reaches back past 10m, to 68m, and the failure's 30-minute window to 38m
+    # (firing from 25m, 15 minutes of `for:` after 10m). A window a minute longer or
+    # shorter fails.
     changes = {
         'headroom_agent_guard_actions_total{node="n1",kind="evict"}': "0x9 1x170",
         'headroom_agent_guard_actions_total{node="n1",kind="error"}': "0x9 1x170",
     }
-    assert _firing(tmp_path, changes, "30m", "45m", "75m") == [
+    assert _firing(tmp_path, changes, "38m", "39m", "68m", "69m") == [
         {"HeadroomGuardEvicted", "HeadroomGuardActionsFailing"},
+        {"HeadroomGuardEvicted"},
         {"HeadroomGuardEvicted"},
         set(),
     ]
