@@ -298,6 +298,12 @@ def _firing(tmp_path: Path, changes: dict[str, str], *at: str) -> list[set[str]]
     assert result.returncode == 0, result.stderr
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     assert [a["at"] for a in answers] == list(at)
+    # A template that parses but fails on the alert's values (a function given the
+    # wrong type) passes the rule check; Prometheus sends its error as the annotation.
+    for answer in answers:
+        for alert in answer["firing"]:
+            for name, text in alert["annotations"].items():
+                assert "<error expanding template" not in text, (alert["alert"], name, text)
     return [{f["alert"] for f in a["firing"]} for a in answers]
 
 
