@@ -634,11 +634,16 @@ def placed_as_read(node: NodeGPUs, report: ReportStatus) -> dict[str, dict[int, 
     or the report lists twice (:func:`_readable`: which GPU each reading is, is not
     known, and two GPUs' counts listed under one index add up to a pod's replicas
     there), nor on a GPU in MIG mode; a pod with a replica on such a GPU is left out.
-    Where a pod leaves from (extender.state), and where a deleted one may run on."""
+    Where a pod leaves from (extender.state), and where a deleted one may run on.
+
+    Placed from the whole report, then left out, not placed from what is left: with
+    the GPUs kubelet allocated pods on unread, what is left may list no allocation,
+    and :func:`placed` would fall back to where pods hold memory (:func:`homes`),
+    placing a pod on a GPU it was not given and off the one it runs on."""
     believed, _ = _believable(node, report)
     readable, _ = _readable(node, believed)
     shared = {gpu.index for gpu in readable.gpus if not gpu.mig_enabled}
-    return {uid: where for uid, where in placed(readable).items() if where.keys() <= shared}
+    return {uid: where for uid, where in placed(believed).items() if where.keys() <= shared}
 
 
 def _placements(report: ReportStatus) -> dict[str, dict[int, int | None]]:

@@ -166,3 +166,29 @@ def test_a_force_deleted_pair_is_charged_everywhere_once_the_gpus_are_numbered_a
     gpus[2]["uuid"], gpus[3]["uuid"] = gpus[3]["uuid"], gpus[2]["uuid"]
     state.on_report("MODIFIED", report)
     assert charges(state, clock, 0) == [4] * 8
+
+
+def test_a_pod_allocated_on_an_unread_gpu_is_not_placed_where_it_only_holds_memory() -> None:
+    # A 4 GiB pod of one replica, allocated GPU 3, which NVML fails to read; it also
+    # holds memory on GPU 4 (a GPU kubelet did not give it). Read without GPU 3 the
+    # report lists no allocation at all, and the memory it holds would place it on
+    # GPU 4: force-deleted, it would be charged in full there only, and on GPU 3, where
+    # it runs, by nothing but what it was last seen holding.
+    clock = Clock()
+    state = ClusterState(margin=MARGIN, stale_after=90.0, clock=clock)
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=8, replicas=16))
+    solo = gpu_pod("solo", node="gpu-a", declared="4Gi", phase="Running")
+    solo["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    state.on_pod("ADDED", solo)
+    uid = uid_of(solo)
+    report = counted("gpu-a", 8, {3: {uid: 1}}, 0)
+    gpus = report["status"]["gpus"]
+    gpus[3]["error"] = "Unknown Error"
+    gpus[4]["pods"] = [{"uid": uid, "usedBytes": GIB}]
+    state.on_report("ADDED", report)
+    clock.now += 5
+    state.on_pod("DELETED", solo)  # kubectl delete --force --grace-period=0
+    _, lingering = state.lingering["gpu-a"][uid]
+    assert lingering.home is None  # not (4,): it may run on any GPU
+    assert [index for _, index in state.history("gpu-a").departures] == [None]
+    assert min(charges(state, clock, 0)) >= 4
