@@ -255,7 +255,7 @@ def test_the_rule_check_refuses_what_prometheus_would(tmp_path: Path) -> None:
 
 HEALTHY = {
     # Every series an alert reads, as a healthy cluster exports it (one sample a
-    # minute for three hours, in promtool's notation): two webhook replicas' worth,
+    # minute for three hours, in promtool's notation): a webhook replica with 2 connections open,
     # one extender answering and its standby, one node's agent.
     'headroom_webhook_open_connections{pod="w"}': "2x180",
     'headroom_webhook_certificate_expiry_timestamp_seconds{pod="w"}': "7776000x180",
