@@ -6,6 +6,7 @@ to it into ``$HEADROOM_CACHE/k8s-<version>-kwok-<version>/bin`` (default cache
 test checks that they do.
 """
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -24,6 +25,24 @@ TOOLS = (
 )
 CHECKOUT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = CHECKOUT / "tests" / "e2e" / "controlplane" / "build.sh"
+
+
+RULECHECK_SOURCES = BUILD_SCRIPT.parent / "prometheus"
+
+
+def rulecheck_tool(sources: Path = RULECHECK_SOURCES) -> Path:
+    """Where build.sh puts rulecheck built from ``sources``: named by a digest of their
+    go.mod, go.sum and Go files (lib.sh's sources_digest), so that one built from other
+    sources is never run for them."""
+    files = sorted(
+        "./" + path.relative_to(sources).as_posix()
+        for path in sources.rglob("*")
+        if path.is_file() and (path.name in ("go.mod", "go.sum") or path.suffix == ".go")
+    )
+    listing = "".join(
+        f"{hashlib.sha256((sources / name).read_bytes()).hexdigest()}  {name}\n" for name in files
+    )
+    return bin_dir() / f"rulecheck-{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
 
 
 class BinariesMissing(RuntimeError):

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from agent.server import AgentMetrics
-from devcluster.binaries import BUILD_SCRIPT, bin_dir
+from devcluster.binaries import BUILD_SCRIPT, bin_dir, rulecheck_tool
 from extender.server import Metrics as ExtenderMetrics
 from extender.state import ClusterState
 from extender.verbs import Extender
@@ -214,9 +214,39 @@ def _kubectl() -> str | None:
     return str(built) if os.access(built, os.X_OK) else shutil.which("kubectl")
 
 
+def test_rulecheck_is_rebuilt_when_its_sources_change(tmp_path: Path) -> None:
+    # build.sh builds each tool once into a cache keyed by the Kubernetes and KWOK
+    # versions: a rulecheck built before its main.go or its Prometheus changed would
+    # go on answering, stale. Its name carries a digest of its sources, as build.sh
+    # names it.
+    tool = rulecheck_tool()
+    assert tool.parent == bin_dir()
+    assert tool.name.startswith("rulecheck-")
+    sources = ROOT / "tests" / "e2e" / "controlplane" / "prometheus"
+    script = BUILD_SCRIPT.read_text()
+    assert 'rulecheck-$(sources_digest "$here/prometheus")' in script
+    digest = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source {BUILD_SCRIPT.parent / "lib.sh"}; sources_digest "$1"',
+            "-",
+            sources,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert tool.name == f"rulecheck-{digest}"
+    copy = tmp_path / "prometheus"
+    shutil.copytree(sources, copy)
+    (copy / "rulecheck" / "main.go").write_text("package main\n")
+    assert rulecheck_tool(copy) != tool
+
+
 def _rulecheck(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """Prometheus's own rule parser and engine (tests/e2e/controlplane/prometheus)."""
-    tool = bin_dir() / "rulecheck"
+    tool = rulecheck_tool()
     if not os.access(tool, os.X_OK):
         skip_or_fail(f"rulecheck is not built: run {BUILD_SCRIPT} (or `make controlplane`)")
     argv = [str(tool), *map(str, args)]

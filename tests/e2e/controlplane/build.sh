@@ -28,13 +28,15 @@ kwok_tools=(
   "kwokctl sigs.k8s.io/kwok/cmd/kwokctl"
 )
 
-prometheus_tools=(
-  "rulecheck headroom.dev/controlplane/prometheus/rulecheck"
-)
-
 log_tag=controlplane
 # shellcheck source=lib.sh
 source "$here/lib.sh"
+
+# Named by its sources (main.go is Headroom's own, and changes): once they change,
+# a new name is built, and a rulecheck of the old ones is never taken for it.
+prometheus_tools=(
+  "rulecheck-$(sources_digest "$here/prometheus") headroom.dev/controlplane/prometheus/rulecheck"
+)
 
 command -v go >/dev/null || { log "go is not installed; it is needed to build the control plane"; exit 1; }
 mkdir -p "$bin"

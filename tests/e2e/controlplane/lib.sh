@@ -21,6 +21,13 @@ build() { # module-dir out-dir ldflags "name pkg"...
   done
 }
 
+sources_digest() { # module-dir -> 12 hex digits of its go.mod, go.sum and *.go files,
+  # for a tool named by its sources: a cached build of other sources is another name
+  # (devcluster.binaries.rulecheck_tool works it out alike)
+  (cd "$1" && find . -name go.mod -o -name go.sum -o -name '*.go' | LC_ALL=C sort |
+    xargs sha256sum | sha256sum | cut -c1-12)
+}
+
 k8s_stamp() { # version -> ldflags stamping it into the binaries, as the upstream
   # build does, so that /version and kubectl's skew checks see v1.x, not v0.0.0-master.
   local version=$1 minor vpkg=k8s.io/component-base/version
