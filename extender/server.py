@@ -47,6 +47,15 @@ Answered = tuple[web.Response, str]
 Answer = Callable[[bytes], Awaitable[Answered]]
 
 
+OUTCOMES = {
+    "filter": ("ok", "error", "bad-request", "not-json", "too-large", "internal-error"),
+    "prioritize": ("ok", "bad-request", "not-json", "too-large", "internal-error"),
+    "bind": ("ok", "refused", "bad-request", "not-json", "too-large", "internal-error"),
+    "preempt": ("ok", "no-victims", "bad-request", "not-json", "too-large", "internal-error"),
+}
+"""Each verb's outcomes (the ``outcome`` label of ``headroom_extender_requests_total``)."""
+
+
 class Metrics:
     def __init__(self, extender: Extender) -> None:
         self.registry = CollectorRegistry()
@@ -56,6 +65,11 @@ class Metrics:
             ["verb", "outcome"],
             registry=self.registry,
         )
+        for verb, outcomes in OUTCOMES.items():
+            for outcome in outcomes:
+                # Exported at 0: rate() of a series whose first sample is already 1
+                # misses that error (HeadroomExtenderErrors would wait for a second).
+                self.requests.labels(verb, outcome)
         self.latency = Histogram(
             "headroom_extender_request_seconds",
             "Time to answer a scheduler request",

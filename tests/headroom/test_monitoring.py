@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.server import AgentMetrics
 from devcluster.binaries import BUILD_SCRIPT, bin_dir, rulecheck_tool
+from extender.server import OUTCOMES
 from extender.server import Metrics as ExtenderMetrics
 from extender.state import ClusterState
 from extender.verbs import Extender
@@ -101,6 +102,52 @@ def selectors(expr: str) -> Iterator[tuple[str, set[str]]]:
             continue  # a function or an aggregation, a keyword
         keys = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", matchers))
         yield name, keys
+
+
+def _outcomes_answered() -> dict[str, set[str]]:
+    """The outcome labels extender/server.py's handlers give, by verb: the second item
+    of each ``(response, outcome)`` they return, and each ``outcome = ...`` assigned
+    (in ``handle``, for every verb)."""
+    verbs = {"filter_": "filter", "prioritize": "prioritize", "bind": "bind", "preempt": "preempt"}
+    found: dict[str, set[str]] = {verb: set() for verb in verbs.values()}
+    tree = ast.parse((ROOT / "extender/server.py").read_text())
+
+    def strings(node: ast.AST) -> set[str]:
+        return {
+            n.value
+            for n in ast.walk(node)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        }
+
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if function.name in verbs and isinstance(node, ast.Return):
+                value = node.value
+                if isinstance(value, ast.Tuple) and len(value.elts) == 2:
+                    found[verbs[function.name]] |= strings(value.elts[1])
+            if function.name == "handle" and isinstance(node, ast.Assign):
+                for target in node.targets:
+                    names = target.elts if isinstance(target, ast.Tuple) else [target]
+                    for i, name in enumerate(names):
+                        if isinstance(name, ast.Name) and name.id == "outcome":
+                            value = node.value
+                            if isinstance(value, ast.Tuple):
+                                value = value.elts[i]
+                            for verb in found:
+                                found[verb] |= strings(value)
+    return found
+
+
+def test_every_outcome_a_verb_answers_is_exported_from_the_start() -> None:
+    # OUTCOMES is what the extender exports at 0; an outcome a handler gives that is
+    # not in it would be a series an alert's rate() misses the first of.
+    answered = _outcomes_answered()
+    assert all(answered.values())
+    for verb, outcomes in answered.items():
+        assert outcomes <= set(OUTCOMES[verb]), (verb, outcomes - set(OUTCOMES[verb]))
+        assert {"too-large", "internal-error"} <= outcomes
 
 
 def test_the_metric_names_come_from_the_code() -> None:
@@ -569,3 +616,12 @@ def test_every_series_an_increase_alert_reads_is_there_at_zero_from_the_start() 
                 assert samples.get((metric, ((key, value),))) == 0.0, (alert["alert"], value)
                 checked += 1
     assert checked >= 3
+    # The extender's errors, by rate(): every verb's error outcomes, and all of them.
+    errors = {"error", "internal-error", "bad-request", "not-json", "too-large"}
+    (expr,) = [a["expr"] for a in alerts() if a["alert"] == "HeadroomExtenderErrors"]
+    (matched,) = re.findall(r'outcome=~"([^"]*)"', expr)
+    assert set(matched.split("|")) == errors
+    for verb, outcomes in OUTCOMES.items():
+        for outcome in errors & set(outcomes):
+            key = ("headroom_extender_requests_total", (("outcome", outcome), ("verb", verb)))
+            assert samples.get(key) == 0.0, key
