@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from extender.state import HISTORY_SECONDS, ClusterState
+from headroom.claims import PodClaim
 from headroom.reports import parse_report, report_object
 from tests.extender.conftest import MARGIN, Clock, Harness
 from tests.extender.objects import (
@@ -222,6 +223,19 @@ def test_a_force_deleted_pods_gpu_is_found_again_once_the_gpus_are_numbered_anew
     assert admit(state, "8Gi", "a", created=later) == [False]
 
 
+def _p_posted_to_gpu_a() -> tuple[ClusterState, Clock, PodClaim]:
+    """p (30 GiB) held on gpu-a (three 40 GiB GPUs, none used), its binding POST out."""
+    state, clock = fresh_state()
+    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
+    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
+    pod = gpu_pod("p", declared="30Gi")
+    state.on_pod("ADDED", pod)
+    claim = state.parse(pod)
+    assert state.assume(claim, "gpu-a").fits
+    state.posting(claim.uid, "gpu-a")
+    return state, clock, claim
+
+
 def test_a_pod_force_deleted_while_its_bind_is_answered_stays_charged_as_deleted() -> None:
     # p (30 GiB) is held on gpu-a (three 40 GiB GPUs, none used) and its binding POST
     # lands; the tenant force-deletes it at once, and the watch delivers the binding
@@ -232,14 +246,7 @@ def test_a_pod_force_deleted_while_its_bind_is_answered_stays_charged_as_deleted
     # (verify_after later), the bound said p and a newcomer cannot share a GPU, and
     # a 20 GiB newcomer fitted; the device plugin, counting none on any GPU, may give
     # it p's: 50 GiB declared on 40.
-    state, clock = fresh_state()
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
-    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
-    pod = gpu_pod("p", declared="30Gi")
-    state.on_pod("ADDED", pod)
-    claim = state.parse(pod)
-    assert state.assume(claim, "gpu-a").fits
-    state.posting(claim.uid, "gpu-a")
+    state, clock, claim = _p_posted_to_gpu_a()
     bound = gpu_pod("p", node="gpu-a", declared="30Gi")
     state.on_pod("MODIFIED", bound)  # the binding, stored
     state.on_pod("DELETED", bound)  # kubectl delete --force --grace-period=0
@@ -259,14 +266,7 @@ def test_a_pod_read_gone_stays_charged_as_deleted_when_the_lagging_watch_shows_i
     # the binding: the cache showed p bound there, a pod the allocator counts, and the
     # lingering charge went unused until the watch delivered the deletion too. The
     # bound said p and a newcomer cannot share a GPU, and a 20 GiB newcomer fitted.
-    state, clock = fresh_state()
-    state.on_node("ADDED", gpu_node("gpu-a", gpus=3, replicas=4))
-    state.on_report("ADDED", gpu_report("gpu-a", {0: {}, 1: {}, 2: {}}))
-    pod = gpu_pod("p", declared="30Gi")
-    state.on_pod("ADDED", pod)
-    claim = state.parse(pod)
-    assert state.assume(claim, "gpu-a").fits
-    state.posting(claim.uid, "gpu-a")
+    state, clock, claim = _p_posted_to_gpu_a()
     clock.now += 11
     state.gone(claim.uid)  # the verifying read: 404
     state.on_pod("MODIFIED", gpu_pod("p", node="gpu-a", declared="30Gi"))  # lagging
